@@ -1,0 +1,171 @@
+"""Conversation endpoints: their state machine, sequencing and the rules for sending and ending.
+
+Plain Python, no Ray, no store. `BrokerCore` keeps endpoints in memory and persists them; every
+decision about what a dialog may do next is made here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .catalog import END_DIALOG, ERROR, Contract, may_send
+from .errors import ContractViolation, ConversationEnded, InvalidArgument
+
+
+class State(StrEnum):
+    """Endpoint states, named as in sys.conversation_endpoints."""
+
+    STARTED_OUTBOUND = "STARTED_OUTBOUND"  # begun, nothing sent yet
+    CONVERSING = "CONVERSING"
+    DISCONNECTED_INBOUND = "DISCONNECTED_INBOUND"  # the far side ended; end this side too
+    DISCONNECTED_OUTBOUND = "DISCONNECTED_OUTBOUND"  # this side ended; waiting for the far side
+    ERROR = "ERROR"  # an Error arrived (or the lifetime ran out); end this side
+    CLOSED = "CLOSED"
+
+
+SENDABLE = frozenset({State.STARTED_OUTBOUND, State.CONVERSING})
+
+
+@dataclass
+class Endpoint:
+    """One side of a dialog on this broker."""
+
+    no: int  # the store's key; messages refer to it
+    handle: str
+    conversation_id: str
+    is_initiator: bool
+    service: str
+    far_service: str
+    contract: str
+    group_no: int
+    state: State = State.STARTED_OUTBOUND
+    send_seq: int = 0  # the sequence number of the next message this side sends
+    recv_seq: int = 0  # the sequence number expected next from the far side
+    expires_at: float | None = None  # dialog lifetime
+    timer_at: float | None = None  # conversation timer
+    far_broker: str | None = None
+    closed_at: float | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.state in SENDABLE
+
+
+def check_send(ep: Endpoint, contract: Contract, message_type: str) -> None:
+    """Raise unless this endpoint may send `message_type` now."""
+    if ep.state not in SENDABLE:
+        raise ConversationEnded(_ended_why(ep))
+    if not may_send(contract, message_type, ep.is_initiator):
+        side = "initiator" if ep.is_initiator else "target"
+        allowed = sorted(
+            mt for mt in contract.messages if may_send(contract, mt, ep.is_initiator)
+        )
+        raise ContractViolation(
+            f"contract {contract.name!r} does not let the {side} send {message_type!r} on "
+            f"conversation {ep.handle}; the {side} may send: {', '.join(allowed) or 'nothing'}"
+        )
+
+
+def _ended_why(ep: Endpoint) -> str:
+    why = {
+        State.DISCONNECTED_INBOUND: "the far side ended it; call end_conversation on this handle",
+        State.DISCONNECTED_OUTBOUND: "this side ended it",
+        State.ERROR: "it is in error; call end_conversation on this handle",
+        State.CLOSED: "it is closed",
+    }[ep.state]
+    return f"conversation {ep.handle} cannot send: {why}"
+
+
+def after_send(ep: Endpoint) -> None:
+    if ep.state is State.STARTED_OUTBOUND:
+        ep.state = State.CONVERSING
+
+
+def on_arrival(ep: Endpoint, message_type: str) -> None:
+    """State change when a message reaches this endpoint from the far side."""
+    if message_type == END_DIALOG:
+        ep.state = State.CLOSED if ep.state is State.DISCONNECTED_OUTBOUND else (
+            State.DISCONNECTED_INBOUND
+        )
+    elif message_type == ERROR:
+        ep.state = State.CLOSED if ep.state is State.DISCONNECTED_OUTBOUND else State.ERROR
+    elif ep.state is State.STARTED_OUTBOUND:
+        ep.state = State.CONVERSING
+
+
+@dataclass(frozen=True)
+class EndPlan:
+    """What ending one endpoint does: the message (if any) to send to the far side, and the state
+    this endpoint is left in."""
+
+    notify: str | None  # END_DIALOG, ERROR or None
+    body: bytes
+    new_state: State
+
+
+def plan_end(
+    ep: Endpoint, error_code: int | None = None, description: str = "", far_exists: bool = True
+) -> EndPlan:
+    """END CONVERSATION [WITH ERROR]. Raises if the endpoint is already ended on this side."""
+    if ep.state in (State.DISCONNECTED_OUTBOUND, State.CLOSED):
+        raise ConversationEnded(f"conversation {ep.handle} was already ended on this side")
+    if error_code is not None:
+        if not isinstance(error_code, int) or error_code <= 0:
+            raise InvalidArgument(f"error code must be a positive int, got {error_code!r}")
+        if not isinstance(description, str) or not description:
+            raise InvalidArgument("an error needs a non-empty description")
+    far_gone = ep.state in (State.DISCONNECTED_INBOUND, State.ERROR) or not far_exists
+    if far_gone:
+        # The far side has ended (or never existed): nobody to tell, the endpoint closes.
+        return EndPlan(None, b"", State.CLOSED)
+    if error_code is not None:
+        # WITH ERROR closes this side at once; the far side gets the Error.
+        return EndPlan(ERROR, error_body(error_code, description), State.CLOSED)
+    return EndPlan(END_DIALOG, b"", State.DISCONNECTED_OUTBOUND)
+
+
+def error_body(code: int, description: str) -> bytes:
+    return json.dumps({"code": code, "description": description}).encode()
+
+
+def parse_error_body(body: bytes) -> tuple[int, str]:
+    doc = json.loads(body)
+    return int(doc["code"]), str(doc["description"])
+
+
+# Error codes the broker itself raises (negative, as Service Broker's are).
+LIFETIME_EXPIRED = -8489
+CONVERSATION_CLEANED_UP = -8470
+
+
+class InboundSequencer:
+    """Per-direction ordering: hands out each sequence number once, in order.
+
+    `offer` takes a message with its sequence number and returns the messages that are now
+    deliverable, in order. Duplicates (already delivered or already held) are counted and dropped;
+    messages after a gap are held until the gap is filled by a retransmission.
+    """
+
+    def __init__(self, expected: int = 0, max_held: int = 10_000) -> None:
+        self.expected = expected
+        self.max_held = max_held
+        self.held: dict[int, object] = {}
+        self.duplicates = 0
+
+    def offer(self, seq: int, item: object) -> list[object]:
+        if seq < self.expected or seq in self.held:
+            self.duplicates += 1
+            return []
+        if seq > self.expected:
+            if len(self.held) < self.max_held:
+                self.held[seq] = item
+            # else: dropped unacknowledged; the sender retransmits later
+            return []
+        out = [item]
+        self.expected += 1
+        while self.expected in self.held:
+            out.append(self.held.pop(self.expected))
+            self.expected += 1
+        return out

@@ -1,0 +1,138 @@
+"""Every error raybroker raises, in one tree.
+
+Each class carries a message that says what was wrong and what to do about it. Errors raised inside
+the broker actor cross Ray unchanged (they are plain picklable exceptions) and the client re-raises
+them as themselves, so `except UnknownService:` works in driver scripts.
+"""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Base of every raybroker error."""
+
+
+class InvalidArgument(BrokerError, ValueError):
+    """An argument to a verb is malformed (wrong type, out of range)."""
+
+
+# --- definitions (catalog) -------------------------------------------------------------------
+
+
+class CatalogError(BrokerError):
+    """A message type, contract, queue or service definition problem."""
+
+
+class InvalidDefinition(CatalogError):
+    """A definition is malformed (bad name, bad option value, inconsistent references)."""
+
+
+class AlreadyExists(CatalogError):
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(
+            f"{kind} {name!r} already exists; alter or drop it, or choose another name"
+        )
+        self.kind, self.name = kind, name
+
+
+class NotFound(CatalogError):
+    """Base of the 'unknown X' errors."""
+
+    kind = "object"
+
+    def __init__(self, name: str, hint: str = "") -> None:
+        msg = f"unknown {self.kind} {name!r}"
+        super().__init__(msg + (f"; {hint}" if hint else f"; create the {self.kind} first"))
+        self.name = name
+
+
+class UnknownMessageType(NotFound):
+    kind = "message type"
+
+
+class UnknownContract(NotFound):
+    kind = "contract"
+
+
+class UnknownQueue(NotFound):
+    kind = "queue"
+
+
+class UnknownService(NotFound):
+    kind = "service"
+
+
+class InUse(CatalogError):
+    """A definition cannot be dropped or changed because something still refers to it."""
+
+
+# --- messages and dialogs ----------------------------------------------------------------------
+
+
+class MessageError(BrokerError):
+    """A message was refused."""
+
+
+class ContractViolation(MessageError):
+    """The dialog's contract does not let this side send this message type."""
+
+
+class ValidationFailed(MessageError):
+    """A body does not pass its message type's validation."""
+
+
+class BodyTooLarge(MessageError):
+    """A body is larger than the broker's `max_body_bytes`."""
+
+
+class DialogError(BrokerError):
+    """A conversation handle cannot be used for what was asked."""
+
+
+class ConversationNotFound(DialogError):
+    """The handle does not name a conversation endpoint on this broker."""
+
+    def __init__(self, handle: str) -> None:
+        super().__init__(
+            f"conversation handle {handle!r} is not an endpoint on this broker; use a handle "
+            "returned by begin_dialog or found on a received message of this broker"
+        )
+        self.handle = handle
+
+
+class ConversationEnded(DialogError):
+    """The endpoint has ended, errored or been closed; nothing more may be sent on it."""
+
+
+class GroupLocked(DialogError):
+    """A conversation group is locked by another reader."""
+
+
+# --- receive / commit ----------------------------------------------------------------------------
+
+
+class LockNotHeld(BrokerError):
+    """A commit or rollback names a lock the caller does not hold (expired, released, or lost in a
+    broker restart). Nothing was applied; receive again."""
+
+
+class QueueDisabled(BrokerError):
+    """The queue is disabled (by an operator or by poison-message detection)."""
+
+    def __init__(self, queue: str, reason: str = "") -> None:
+        super().__init__(
+            f"queue {queue!r} is disabled{f' ({reason})' if reason else ''}; fix the cause, then "
+            f"re-enable it with alter_queue({queue!r}, enabled=True)"
+        )
+        self.queue = queue
+
+
+# --- the runtime -------------------------------------------------------------------------------
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker actor could not be reached within the client's retry deadline."""
+
+
+class StoreError(BrokerError):
+    """The broker's store could not be opened or written."""

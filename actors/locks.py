@@ -1,0 +1,145 @@
+"""Conversation-group locking: which groups a RECEIVE may take, and the leases on those it took.
+
+Plain Python. Locks live in memory only: a broker restart rolls back every open receive, as a
+database restart rolls back open transactions. A lock has a lease; a holder that dies or lets its
+lease run out loses the lock and the group's messages become receivable again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class QueueIndex:
+    """Which conversation groups of one queue have messages waiting, oldest first.
+
+    `pending[g]` counts unreceived messages of group g. `ready` is a heap of (key, g) for the
+    groups that have pending messages and are not locked, keyed by (a lower bound of) the queue
+    position of their oldest waiting message; stale heap entries are skipped lazily.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[int, int] = {}
+        self._key: dict[int, int] = {}  # the live heap key of each ready group
+        self._heap: list[tuple[int, int]] = []
+
+    def add(self, group: int, first_id: int, count: int, locked: bool) -> None:
+        """`count` messages arrived for `group`, the first at queue position `first_id`."""
+        before = self.pending.get(group, 0)
+        self.pending[group] = before + count
+        if before == 0 and not locked:
+            self.make_ready(group, first_id)
+
+    def make_ready(self, group: int, key: int) -> None:
+        if self.pending.get(group, 0) > 0 and group not in self._key:
+            self._key[group] = key
+            heapq.heappush(self._heap, (key, group))
+
+    def take(self, group: int) -> int | None:
+        """Remove `group` from the ready set (it is being locked); its key, or None."""
+        return self._key.pop(group, None)
+
+    def remove(self, group: int, count: int) -> None:
+        """`count` messages of `group` were removed from the queue."""
+        left = self.pending.get(group, 0) - count
+        if left > 0:
+            self.pending[group] = left
+        else:
+            self.pending.pop(group, None)
+            self._key.pop(group, None)
+
+    def pop_ready(self) -> tuple[int, int] | None:
+        """Take the oldest ready group out of the ready set: (key, group), or None."""
+        while self._heap:
+            key, g = heapq.heappop(self._heap)
+            if self._key.get(g) == key:
+                del self._key[g]
+                return key, g
+        return None
+
+    def is_ready(self, group: int) -> bool:
+        return group in self._key
+
+    @property
+    def depth(self) -> int:
+        return sum(self.pending.values())
+
+
+
+
+@dataclass
+class Lock:
+    """A conversation group held by one receiver until commit or rollback."""
+
+    lock_id: str
+    group: int
+    queue: str
+    owner: str | None
+    expires_at: float
+    ready_key: int  # the group's queue position, to put it back where it was on rollback
+    first_id: int  # queue positions of the received messages: [first_id, last_id]
+    last_id: int
+    count: int
+    received_at: float
+    audit: list[Any] = field(default_factory=list)
+
+
+class LockTable:
+    """Leases on conversation groups. Lock ids are unique across broker restarts."""
+
+    def __init__(self, default_lease_s: float = 30.0) -> None:
+        self.default_lease_s = default_lease_s
+        self._prefix = uuid.uuid4().hex[:12]
+        self._seq = itertools.count(1)
+        self.by_id: dict[str, Lock] = {}
+        self.by_group: dict[int, Lock] = {}
+
+    def is_locked(self, group: int) -> bool:
+        return group in self.by_group
+
+    def acquire(
+        self, group: int, queue: str, owner: str | None, now: float, lease_s: float | None,
+        ready_key: int, first_id: int, last_id: int, count: int,
+    ) -> Lock:
+        assert group not in self.by_group, "group already locked"
+        lock = Lock(
+            lock_id=f"{self._prefix}-{next(self._seq)}",
+            group=group,
+            queue=queue,
+            owner=owner,
+            expires_at=now + (self.default_lease_s if lease_s is None else lease_s),
+            ready_key=ready_key,
+            first_id=first_id,
+            last_id=last_id,
+            count=count,
+            received_at=now,
+        )
+        self.by_id[lock.lock_id] = lock
+        self.by_group[group] = lock
+        return lock
+
+    def get(self, lock_id: str) -> Lock | None:
+        return self.by_id.get(lock_id)
+
+    def release(self, lock: Lock) -> None:
+        self.by_id.pop(lock.lock_id, None)
+        self.by_group.pop(lock.group, None)
+
+    def renew(self, lock: Lock, now: float, lease_s: float | None = None) -> None:
+        lock.expires_at = now + (self.default_lease_s if lease_s is None else lease_s)
+
+    def expired(self, now: float) -> list[Lock]:
+        return [lk for lk in self.by_id.values() if lk.expires_at <= now]
+
+    def held_by(self, owner: str) -> list[Lock]:
+        return [lk for lk in self.by_id.values() if lk.owner == owner]
+
+    def owners(self) -> set[str]:
+        return {lk.owner for lk in self.by_id.values() if lk.owner is not None}
+
+    def next_expiry(self) -> float | None:
+        return min((lk.expires_at for lk in self.by_id.values()), default=None)

@@ -1,0 +1,305 @@
+"""The broker's durable store: one SQLite file in WAL mode (or `:memory:`).
+
+All SQL lives here. One connection, one transaction context (`tx`), the only place a transaction
+begins or ends. The broker's in-memory indexes are rebuilt from these tables on start, so
+everything that must survive a crash is written here inside one transaction per verb.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .errors import InvalidArgument, StoreError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS catalog (
+    kind TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, name));
+CREATE TABLE IF NOT EXISTS groups (
+    no INTEGER PRIMARY KEY, group_id TEXT NOT NULL UNIQUE, queue TEXT NOT NULL, state BLOB);
+CREATE TABLE IF NOT EXISTS endpoints (
+    no INTEGER PRIMARY KEY, handle TEXT NOT NULL UNIQUE, conversation_id TEXT NOT NULL,
+    is_initiator INTEGER NOT NULL, service TEXT NOT NULL, far_service TEXT NOT NULL,
+    contract TEXT NOT NULL, group_no INTEGER NOT NULL, state TEXT NOT NULL,
+    send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL, expires_at REAL, timer_at REAL,
+    far_broker TEXT, closed_at REAL);
+CREATE INDEX IF NOT EXISTS endpoints_conversation ON endpoints (conversation_id, is_initiator);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY, group_no INTEGER NOT NULL, endpoint_no INTEGER NOT NULL,
+    seq INTEGER NOT NULL, type TEXT NOT NULL, body BLOB NOT NULL, status INTEGER NOT NULL,
+    sent_at REAL NOT NULL, arrived_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS messages_group ON messages (group_no, id);
+CREATE TABLE IF NOT EXISTS transmission (
+    id INTEGER PRIMARY KEY, endpoint_no INTEGER NOT NULL, seq INTEGER NOT NULL,
+    type TEXT NOT NULL, body BLOB NOT NULL, to_service TEXT NOT NULL, to_broker TEXT,
+    status TEXT NOT NULL, enqueued_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS transmission_service ON transmission (to_service, id);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, at REAL NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL,
+    detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY, at REAL NOT NULL, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY, at REAL NOT NULL, result BLOB NOT NULL);
+"""
+
+ENDPOINT_COLUMNS = (
+    "no, handle, conversation_id, is_initiator, service, far_service, contract, group_no, state, "
+    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at"
+)
+MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"
+
+
+class Store:
+    """SQLite persistence for one broker. `durability`: "normal" (a committed transaction survives
+    the process being killed; WAL with synchronous=NORMAL) or "full" (also survives power loss)."""
+
+    def __init__(self, path: str, durability: str = "normal") -> None:
+        if durability not in ("normal", "full"):
+            raise InvalidArgument(f"durability must be 'normal' or 'full', got {durability!r}")
+        self.path = path
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            if path != ":memory:":
+                self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={durability.upper()}")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {path!r}: {exc}") from None
+        self._in_tx = False
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; rolls back if the block raises."""
+        assert not self._in_tx, "transactions do not nest"
+        self._in_tx = True
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+        finally:
+            self._in_tx = False
+
+    # --- meta and catalog ------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def load_catalog(self) -> list[tuple[str, dict[str, Any]]]:
+        rows = self.db.execute("SELECT kind, body FROM catalog ORDER BY rowid").fetchall()
+        return [(kind, json.loads(body)) for kind, body in rows]
+
+    def put_definition(self, kind: str, name: str, record: dict[str, Any]) -> None:
+        # An UPDATE keeps the row's place, so definitions reload in creation order.
+        body = json.dumps(record)
+        cur = self.db.execute(
+            "UPDATE catalog SET body=? WHERE kind=? AND name=?", (body, kind, name)
+        )
+        if cur.rowcount == 0:
+            self.db.execute(
+                "INSERT INTO catalog (kind, name, body) VALUES (?, ?, ?)", (kind, name, body)
+            )
+
+    def delete_definition(self, kind: str, name: str) -> None:
+        self.db.execute("DELETE FROM catalog WHERE kind=? AND name=?", (kind, name))
+
+    # --- groups ----------------------------------------------------------------------------------
+
+    def load_groups(self) -> list[tuple[int, str, str]]:
+        return self.db.execute("SELECT no, group_id, queue FROM groups").fetchall()
+
+    def insert_groups(self, rows: Iterable[tuple[int, str, str]]) -> None:
+        self.db.executemany("INSERT INTO groups (no, group_id, queue) VALUES (?, ?, ?)", rows)
+
+    def group_state(self, no: int) -> bytes | None:
+        row = self.db.execute("SELECT state FROM groups WHERE no=?", (no,)).fetchone()
+        return row[0] if row else None
+
+    def set_group_states(self, rows: Iterable[tuple[bytes | None, int]]) -> None:
+        self.db.executemany("UPDATE groups SET state=? WHERE no=?", rows)
+
+    def delete_groups(self, nos: Iterable[int]) -> None:
+        self.db.executemany("DELETE FROM groups WHERE no=?", ((n,) for n in nos))
+
+    # --- endpoints -------------------------------------------------------------------------------
+
+    def load_endpoints(self) -> list[tuple[Any, ...]]:
+        return self.db.execute(f"SELECT {ENDPOINT_COLUMNS} FROM endpoints").fetchall()
+
+    def upsert_endpoints(self, rows: Iterable[Sequence[Any]]) -> None:
+        self.db.executemany(
+            f"INSERT OR REPLACE INTO endpoints ({ENDPOINT_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    def delete_endpoints(self, nos: Iterable[int]) -> None:
+        self.db.executemany("DELETE FROM endpoints WHERE no=?", ((n,) for n in nos))
+
+    def max_keys(self) -> tuple[int, int, int]:
+        """The highest endpoint, group and message numbers in use (0 when none)."""
+        q = "SELECT COALESCE(MAX(no), 0) FROM {}"
+        ep = self.db.execute(q.format("endpoints")).fetchone()[0]
+        gr = self.db.execute(q.format("groups")).fetchone()[0]
+        msg = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
+        return ep, gr, msg
+
+    # --- queue messages --------------------------------------------------------------------------
+
+    def insert_messages(self, rows: Iterable[Sequence[Any]]) -> None:
+        """rows: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)."""
+        self.db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def fetch_group(
+        self, group_no: int, limit: int | None, after_id: int = 0
+    ) -> list[tuple[Any, ...]]:
+        """Waiting messages of one group in queue order: (id, endpoint_no, seq, type, body,
+        sent_at, arrived_at)."""
+        return self.db.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE group_no=? AND id>? AND status=0 "
+            "ORDER BY id LIMIT ?",
+            (group_no, after_id, -1 if limit is None else limit),
+        ).fetchall()
+
+    def remove_received(self, group_no: int, first_id: int, last_id: int, retain: bool) -> None:
+        """Delete (or, with retention, mark received) a group's waiting messages in a range."""
+        sql = (
+            "UPDATE messages SET status=1" if retain else "DELETE FROM messages"
+        ) + " WHERE group_no=? AND id BETWEEN ? AND ? AND status=0"
+        self.db.execute(sql, (group_no, first_id, last_id))
+
+    def delete_conversation_messages(self, group_no: int, endpoint_no: int) -> int:
+        """Delete every message of one endpoint; returns how many were still waiting."""
+        waiting = self.db.execute(
+            "DELETE FROM messages WHERE group_no=? AND endpoint_no=? AND status=0",
+            (group_no, endpoint_no),
+        ).rowcount
+        self.db.execute(
+            "DELETE FROM messages WHERE group_no=? AND endpoint_no=?", (group_no, endpoint_no)
+        )
+        return waiting
+
+    def move_messages(self, endpoint_no: int, old_group: int, new_group: int) -> list[int]:
+        """Move an endpoint's messages to another group; the ids of the waiting ones moved."""
+        ids = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT id FROM messages WHERE group_no=? AND endpoint_no=? AND status=0 "
+                "ORDER BY id",
+                (old_group, endpoint_no),
+            )
+        ]
+        self.db.execute(
+            "UPDATE messages SET group_no=? WHERE group_no=? AND endpoint_no=?",
+            (new_group, old_group, endpoint_no),
+        )
+        return ids
+
+    def waiting_by_group(self) -> list[tuple[int, int, int]]:
+        """(group_no, count, first id) of every group with waiting messages."""
+        return self.db.execute(
+            "SELECT group_no, COUNT(*), MIN(id) FROM messages WHERE status=0 GROUP BY group_no"
+        ).fetchall()
+
+    def queue_rows(self, group_nos: Sequence[int], limit: int) -> list[tuple[Any, ...]]:
+        """Messages of the given groups in queue order, for the queue view (with status)."""
+        out: list[tuple[Any, ...]] = []
+        for i in range(0, len(group_nos), 500):
+            chunk = list(group_nos[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            out += self.db.execute(
+                f"SELECT {MESSAGE_COLUMNS}, group_no, status FROM messages "
+                f"WHERE group_no IN ({marks}) ORDER BY id LIMIT ?",
+                (*chunk, limit),
+            ).fetchall()
+        out.sort(key=lambda r: r[0])
+        return out[:limit]
+
+    # --- transmission queue ----------------------------------------------------------------------
+
+    def insert_transmission(self, rows: Iterable[Sequence[Any]]) -> None:
+        """rows: (endpoint_no, seq, type, body, to_service, to_broker, status, enqueued_at)."""
+        self.db.executemany(
+            "INSERT INTO transmission (endpoint_no, seq, type, body, to_service, to_broker, "
+            "status, enqueued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    def transmission_for(self, to_service: str) -> list[tuple[Any, ...]]:
+        return self.db.execute(
+            "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission "
+            "WHERE to_service=? ORDER BY id",
+            (to_service,),
+        ).fetchall()
+
+    def delete_transmission(self, ids: Iterable[int]) -> None:
+        self.db.executemany("DELETE FROM transmission WHERE id=?", ((i,) for i in ids))
+
+    def delete_endpoint_transmission(self, endpoint_no: int) -> None:
+        self.db.execute("DELETE FROM transmission WHERE endpoint_no=?", (endpoint_no,))
+
+    def transmission_rows(self, limit: int) -> list[tuple[Any, ...]]:
+        return self.db.execute(
+            "SELECT id, endpoint_no, seq, type, length(body), to_service, to_broker, status, "
+            "enqueued_at FROM transmission ORDER BY id LIMIT ?",
+            (limit,),
+        ).fetchall()
+
+    # --- events, audit, request ids --------------------------------------------------------------
+
+    def insert_events(self, rows: Iterable[tuple[float, str, str, str]]) -> None:
+        self.db.executemany(
+            "INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)", rows
+        )
+
+    def events(self, after_id: int, limit: int) -> list[tuple[Any, ...]]:
+        return self.db.execute(
+            "SELECT id, at, kind, subject, detail FROM events WHERE id>? ORDER BY id LIMIT ?",
+            (after_id, limit),
+        ).fetchall()
+
+    def insert_audit(self, at: float, payload: bytes) -> None:
+        self.db.execute("INSERT INTO audit (at, payload) VALUES (?, ?)", (at, payload))
+
+    def audit_rows(self, after_id: int, limit: int) -> list[tuple[int, float, bytes]]:
+        return self.db.execute(
+            "SELECT id, at, payload FROM audit WHERE id>? ORDER BY id LIMIT ?", (after_id, limit)
+        ).fetchall()
+
+    def prune(self, table: str, keep: int) -> None:
+        """Keep only the newest `keep` rows of a bounded table (events, audit)."""
+        assert table in ("events", "audit")
+        self.db.execute(
+            f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table}) - ?", (keep,)
+        )
+
+    def request_result(self, request_id: str) -> bytes | None:
+        row = self.db.execute(
+            "SELECT result FROM requests WHERE request_id=?", (request_id,)
+        ).fetchone()
+        return row[0] if row else None
+
+    def put_request(self, request_id: str, at: float, result: bytes) -> None:
+        self.db.execute(
+            "INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)",
+            (request_id, at, result),
+        )
+
+    def prune_requests(self, before: float) -> None:
+        self.db.execute("DELETE FROM requests WHERE at < ?", (before,))
