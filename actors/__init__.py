@@ -1,0 +1,26 @@
+"""raybroker: SQL Server Service Broker's dialogs, queues and conversation-group locking on Ray.
+
+The public surface is what `__all__` names; everything else is internal.
+"""
+
+from .catalog import Contract, MessageType, Queue, Service
+from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer
+from .errors import BrokerError
+from .remote.client import Broker, connect, start_broker
+
+__all__ = [
+    "Begin",
+    "Broker",
+    "BrokerError",
+    "Contract",
+    "End",
+    "Message",
+    "MessageType",
+    "Queue",
+    "ReceivedGroup",
+    "Send",
+    "Service",
+    "Timer",
+    "connect",
+    "start_broker",
+]

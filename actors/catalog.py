@@ -192,8 +192,14 @@ class Catalog:
         self.add(Contract(DEFAULT, {DEFAULT: "any"}))
         self.add(Contract(ECHO_CONTRACT, {ECHO: "any"}))
 
-    BUILTIN = frozenset({("message_type", DEFAULT), ("message_type", ECHO),
-                         ("contract", DEFAULT), ("contract", ECHO_CONTRACT)})
+    BUILTIN = frozenset(
+        {
+            ("message_type", DEFAULT),
+            ("message_type", ECHO),
+            ("contract", DEFAULT),
+            ("contract", ECHO_CONTRACT),
+        }
+    )
 
     def _table(self, kind: str) -> dict[str, Any]:
         return {

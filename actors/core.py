@@ -247,13 +247,13 @@ class BrokerCore:
 
     # --- catalog verbs -----------------------------------------------------------------------
 
-    def create(self, defn: Definition) -> None:
+    def create(self, defn: Definition, request_id: str | None = None) -> None:
         """CREATE MESSAGE TYPE / CONTRACT / QUEUE / SERVICE."""
-        if kind_of(defn) == "service" and isinstance(defn.contracts, list | set):
+        if isinstance(defn, Service) and isinstance(defn.contracts, list | set):
             defn = Service(defn.name, defn.queue, tuple(defn.contracts))
-        self.catalog.check_new(defn)
 
         def fn(b: _Batch) -> None:
+            self.catalog.check_new(defn)
             kind = kind_of(defn)
             self.store.put_definition(kind, defn.name, to_record(defn))
             self.catalog.add(defn)
@@ -263,14 +263,16 @@ class BrokerCore:
             if isinstance(defn, Service):
                 self._unpark(b, defn.name)
 
-        self._run(fn)
+        self._run(fn, request_id)
 
-    def alter(self, kind: str, name: str, **changes: Any) -> Definition:
+    def alter(
+        self, kind: str, name: str, changes: Mapping[str, Any], request_id: str | None = None
+    ) -> None:
         """ALTER ...: change some fields of a definition (a queue's `enabled`, say)."""
-        new = self.catalog.check_alter(kind, name, changes)
-        old = self.catalog.get(kind, name)
 
         def fn(b: _Batch) -> None:
+            new = self.catalog.check_alter(kind, name, changes)
+            old = self.catalog.get(kind, name)
             self.store.put_definition(kind, name, to_record(new))
             self.catalog.add(new)
             b.undo.append(lambda: self.catalog.add(old))
@@ -278,32 +280,35 @@ class BrokerCore:
                 self._event(b, "QueueEnabled", name, "re-enabled")
                 b.after.append(lambda: (self.poison.reset(name), self.notify(name)))
             if isinstance(new, Queue) and old.enabled and not new.enabled:
-                self._event(b, "QueueDisabled", name, "disabled by alter_queue")
+                self._event(b, "QueueDisabled", name, "disabled by alter")
             if isinstance(new, Service):
                 self._unpark(b, name)
 
-        self._run(fn)
-        return new
+        self._run(fn, request_id)
 
-    def drop(self, kind: str, name: str) -> None:
-        self.catalog.check_drop(kind, name)
-        if kind == "service":
-            users = sum(1 for ep in self._eps.values() if ep.service == name
-                        and ep.state is not State.CLOSED)
-            if users:
-                raise InUse(f"service {name!r} has {users} open conversation(s); end them first")
-        if kind == "queue":
-            depth = self._index.get(name, QueueIndex()).depth
-            if depth:
-                raise InUse(f"queue {name!r} holds {depth} message(s); receive them first")
-        old = self.catalog.get(kind, name)
-
+    def drop(self, kind: str, name: str, request_id: str | None = None) -> None:
         def fn(b: _Batch) -> None:
+            self.catalog.check_drop(kind, name)
+            if kind == "service":
+                users = sum(
+                    1
+                    for ep in self._eps.values()
+                    if ep.service == name and ep.state is not State.CLOSED
+                )
+                if users:
+                    raise InUse(
+                        f"service {name!r} has {users} open conversation(s); end them first"
+                    )
+            if kind == "queue":
+                depth = self._index.get(name, QueueIndex()).depth
+                if depth:
+                    raise InUse(f"queue {name!r} holds {depth} message(s); receive them first")
+            old = self.catalog.get(kind, name)
             self.store.delete_definition(kind, name)
             self.catalog.remove(kind, name)
             b.undo.append(lambda: self.catalog.add(old))
 
-        self._run(fn)
+        self._run(fn, request_id)
 
     def definitions(self) -> list[tuple[str, dict[str, Any]]]:
         return [(kind_of(d), to_record(d)) for d in self.catalog.user_definitions()]
@@ -360,8 +365,9 @@ class BrokerCore:
         if op.lifetime is not None and (
             not isinstance(op.lifetime, int | float) or op.lifetime <= 0
         ):
-            raise InvalidArgument(f"lifetime must be a positive number of seconds, not "
-                                  f"{op.lifetime!r}")
+            raise InvalidArgument(
+                f"lifetime must be a positive number of seconds, not {op.lifetime!r}"
+            )
         local_target = self.catalog.services.get(op.to_service)
         if (
             local_target is not None
@@ -414,12 +420,15 @@ class BrokerCore:
         for body in op.bodies:
             if not isinstance(body, bytes):
                 raise InvalidArgument(f"message bodies must be bytes, got {type(body).__name__}")
-            if len(body) > limit:
-                raise BodyTooLarge(
-                    f"a {mt!r} body is {len(body):,} bytes; this broker's max_body_bytes is "
-                    f"{limit:,}: split it or raise the limit"
-                )
-            validator.check(body)
+        biggest = max(map(len, op.bodies), default=0)
+        if biggest > limit:
+            raise BodyTooLarge(
+                f"a {mt!r} body is {biggest:,} bytes; this broker's max_body_bytes is "
+                f"{limit:,}: split it or raise the limit"
+            )
+        if validator.kind != "none":
+            for body in op.bodies:
+                validator.check(body)
         if not op.handles:
             raise InvalidArgument("send needs at least one conversation handle")
         for handle in op.handles:
@@ -444,9 +453,15 @@ class BrokerCore:
             self._park(b, ep, mt, bodies, first_seq)
         elif far is None:
             # The far endpoint was cleaned up: tell this side, as the far broker would.
-            self._enqueue_own(b, ep, ERROR, error_body(
-                CONVERSATION_CLEANED_UP, "the far endpoint of this conversation no longer exists"
-            ))
+            self._enqueue_own(
+                b,
+                ep,
+                ERROR,
+                error_body(
+                    CONVERSATION_CLEANED_UP,
+                    "the far endpoint of this conversation no longer exists",
+                ),
+            )
         else:
             self._deliver(b, far, mt, bodies, first_seq)
 
@@ -490,8 +505,10 @@ class BrokerCore:
         done: list[int] = []
         for tid, ep_no, seq, mt, body, _at in rows:
             ep = self._eps.get(ep_no)
-            far = None if ep is None else self._far(ep) or (
-                self._create_target(b, ep) if seq == 0 else None
+            far = (
+                None
+                if ep is None
+                else self._far(ep) or (self._create_target(b, ep) if seq == 0 else None)
             )
             if ep is None or far is None:
                 continue
@@ -524,11 +541,7 @@ class BrokerCore:
 
     def _echoes(self, ep: Endpoint, mt: str | None) -> bool:
         """Whether the broker itself answers this endpoint (a target on the Echo contract)."""
-        return (
-            not ep.is_initiator
-            and ep.contract == ECHO_CONTRACT
-            and (mt is None or mt == ECHO)
-        )
+        return not ep.is_initiator and ep.contract == ECHO_CONTRACT and (mt is None or mt == ECHO)
 
     def _enqueue(
         self, b: _Batch, ep: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
@@ -565,8 +578,9 @@ class BrokerCore:
             b.dead_endpoints.append(ep)
             return
         far = self._far(ep)
-        plan = plan_end(ep, op.error_code, op.description,
-                        far_exists=far is not None or ep.no in self._parked)
+        plan = plan_end(
+            ep, op.error_code, op.description, far_exists=far is not None or ep.no in self._parked
+        )
         if plan.notify is not None:
             self._transmit(b, ep, plan.notify, [plan.body])
         b.touch(ep)
@@ -759,19 +773,25 @@ class BrokerCore:
         return result
 
     def _audit_record(self, lk: Lock, now: float) -> list[Any]:
-        eps = self._eps
-        convs, seqs, inits, types, sent, arrived = [], [], [], [], [], []
-        for rows in lk.audit:
-            for r in rows:
-                ep = eps.get(r[1])
-                convs.append(ep.conversation_id if ep else "")
-                inits.append(bool(ep and not ep.is_initiator))  # sent by the initiator
-                seqs.append(r[2])
-                types.append(r[3])
-                sent.append(r[5])
-                arrived.append(r[6])
-        return [self.broker_id, lk.queue, lk.received_at, now, convs, inits, seqs, types, sent,
-                arrived]
+        """One committed group's delivery records, as columns (cheap to build and to store)."""
+        rows = lk.audit[0] if len(lk.audit) == 1 else [r for chunk in lk.audit for r in chunk]
+        _ids, ep_nos, seqs, types, _bodies, sent, arrived = zip(*rows, strict=True)
+        convs = {}
+        for no in set(ep_nos):
+            ep = self._eps[no]
+            convs[no] = (ep.conversation_id, not ep.is_initiator)  # sent by the initiator?
+        return [
+            self.broker_id,
+            lk.queue,
+            lk.received_at,
+            now,
+            convs,
+            ep_nos,
+            seqs,
+            types,
+            sent,
+            arrived,
+        ]
 
     def _release(self, locks: Sequence[Lock], committed: bool) -> None:
         for lk in locks:
@@ -798,8 +818,10 @@ class BrokerCore:
 
     def _disable_poisoned(self, q: Queue, why: str) -> None:
         n = self.poison.count(q.name)
-        detail = (f"{n} receives in a row were {why} (poison_limit={q.poison_limit}); "
-                  "a message on it cannot be processed")
+        detail = (
+            f"{n} receives in a row were {why} (poison_limit={q.poison_limit}); "
+            "a message on it cannot be processed"
+        )
 
         def fn(b: _Batch) -> None:
             new = Queue(q.name, False, q.retention, q.poison_limit)
@@ -875,8 +897,11 @@ class BrokerCore:
             ep = self._eps.get(no)
             if ep is None:
                 continue
-            current = {"timer": ep.timer_at, "lifetime": ep.expires_at,
-                       "purge": ep.closed_at and ep.closed_at + self.limits.closed_retention_s}
+            current = {
+                "timer": ep.timer_at,
+                "lifetime": ep.expires_at,
+                "purge": ep.closed_at and ep.closed_at + self.limits.closed_retention_s,
+            }
             if current[kind] == at:
                 due.append((no, kind))
         if due:
@@ -886,8 +911,15 @@ class BrokerCore:
             self._rollback(expired, "abandoned when their lease ran out")
         if now >= self._next_prune:
             self._prune(now)
-        nexts = [t for t in (self._timers[0][0] if self._timers else None,
-                             self.locks.next_expiry(), self._next_prune) if t is not None]
+        nexts = [
+            t
+            for t in (
+                self._timers[0][0] if self._timers else None,
+                self.locks.next_expiry(),
+                self._next_prune,
+            )
+            if t is not None
+        ]
         return min(nexts) if nexts else None
 
     def _fire(self, b: _Batch, due: list[tuple[int, str]]) -> None:
@@ -898,19 +930,24 @@ class BrokerCore:
                 b.touch(ep)
                 ep.timer_at = None
                 self._enqueue_own(b, ep, DIALOG_TIMER, b"")
-            elif kind == "lifetime" and ep.state in (State.STARTED_OUTBOUND, State.CONVERSING,
-                                                     State.DISCONNECTED_INBOUND):
+            elif kind == "lifetime" and ep.state in (
+                State.STARTED_OUTBOUND,
+                State.CONVERSING,
+                State.DISCONNECTED_INBOUND,
+            ):
                 b.touch(ep)
                 ep.expires_at = None
-                self._enqueue_own(b, ep, ERROR, error_body(
-                    LIFETIME_EXPIRED, "the dialog's lifetime ran out"))
+                self._enqueue_own(
+                    b, ep, ERROR, error_body(LIFETIME_EXPIRED, "the dialog's lifetime ran out")
+                )
             elif kind == "purge" and not self.locks.is_locked(ep.group_no):
                 self._remove_messages(b, ep)
                 self.store.delete_endpoint_transmission(ep.no)
                 b.dead_endpoints.append(ep)
                 purged.add(ep.group_no)
         empty = [
-            g for g in purged
+            g
+            for g in purged
             if self._groups[g].members == sum(1 for ep in b.dead_endpoints if ep.group_no == g)
             and not self._index_of(g).pending.get(g)
         ]
@@ -963,19 +1000,26 @@ class BrokerCore:
         ):
             ep = self._eps.get(ep_no)
             locked = self.locks.by_group.get(g)
-            out.append({
-                "queuing_order": qo,
-                "status": "received" if status else (
-                    "locked" if locked and locked.first_id <= qo <= locked.last_id else "waiting"),
-                "conversation_group_id": self._groups[g].group_id,
-                "conversation_handle": ep.handle if ep else None,
-                "service": ep.service if ep else None,
-                "message_type": mt,
-                "sequence_number": seq,
-                "body_size": len(body),
-                "sent_at": sent,
-                "arrived_at": arrived,
-            })
+            out.append(
+                {
+                    "queuing_order": qo,
+                    "status": "received"
+                    if status
+                    else (
+                        "locked"
+                        if locked and locked.first_id <= qo <= locked.last_id
+                        else "waiting"
+                    ),
+                    "conversation_group_id": self._groups[g].group_id,
+                    "conversation_handle": ep.handle if ep else None,
+                    "service": ep.service if ep else None,
+                    "message_type": mt,
+                    "sequence_number": seq,
+                    "body_size": len(body),
+                    "sent_at": sent,
+                    "arrived_at": arrived,
+                }
+            )
         return out
 
     def queues_view(self) -> dict[str, dict[str, Any]]:
@@ -996,16 +1040,31 @@ class BrokerCore:
     def transmission_view(self, limit: int = 1000) -> list[dict[str, Any]]:
         """sys.transmission_queue: messages waiting to leave this broker, and why."""
         out = []
-        for tid, ep_no, seq, mt, size, to_service, to_broker, status, at in (
-            self.store.transmission_rows(limit)
-        ):
+        for (
+            tid,
+            ep_no,
+            seq,
+            mt,
+            size,
+            to_service,
+            to_broker,
+            status,
+            at,
+        ) in self.store.transmission_rows(limit):
             ep = self._eps.get(ep_no)
-            out.append({
-                "id": tid, "conversation_handle": ep.handle if ep else None,
-                "to_service": to_service, "to_broker": to_broker, "message_type": mt,
-                "sequence_number": seq, "body_size": size, "transmission_status": status,
-                "enqueued_at": at,
-            })
+            out.append(
+                {
+                    "id": tid,
+                    "conversation_handle": ep.handle if ep else None,
+                    "to_service": to_service,
+                    "to_broker": to_broker,
+                    "message_type": mt,
+                    "sequence_number": seq,
+                    "body_size": size,
+                    "transmission_status": status,
+                    "enqueued_at": at,
+                }
+            )
         return out
 
     def events_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
@@ -1015,24 +1074,45 @@ class BrokerCore:
         ]
 
     def audit_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        """Delivery records, one per committed message, oldest first."""
+        """Delivery records, one per committed message, oldest first (`limit` commit batches)."""
         out = []
         for _aid, _at, payload in self.store.audit_rows(after_id, limit):
-            for rec in msgpack.unpackb(payload, raw=False):
-                broker, queue, received, committed, convs, inits, seqs, types, sent, arr = rec
-                for i in range(len(convs)):
-                    out.append({
-                        "broker_id": broker, "queue": queue, "conversation_id": convs[i],
-                        "from_initiator": inits[i], "sequence_number": seqs[i],
-                        "message_type": types[i], "sent_at": sent[i], "arrived_at": arr[i],
-                        "received_at": received, "committed_at": committed,
-                    })
+            for rec in msgpack.unpackb(payload, raw=False, strict_map_key=False):
+                broker, queue, received, committed, convs, ep_nos, seqs, types, sent, arr = rec
+                for i, no in enumerate(ep_nos):
+                    conv, from_initiator = convs[no]
+                    out.append(
+                        {
+                            "broker_id": broker,
+                            "queue": queue,
+                            "conversation_id": conv,
+                            "from_initiator": from_initiator,
+                            "sequence_number": seqs[i],
+                            "message_type": types[i],
+                            "sent_at": sent[i],
+                            "arrived_at": arr[i],
+                            "received_at": received,
+                            "committed_at": committed,
+                        }
+                    )
         return out
 
 
 def _endpoint_row(ep: Endpoint) -> tuple[Any, ...]:
     return (
-        ep.no, ep.handle, ep.conversation_id, int(ep.is_initiator), ep.service, ep.far_service,
-        ep.contract, ep.group_no, ep.state.value, ep.send_seq, ep.recv_seq, ep.expires_at,
-        ep.timer_at, ep.far_broker, ep.closed_at,
+        ep.no,
+        ep.handle,
+        ep.conversation_id,
+        int(ep.is_initiator),
+        ep.service,
+        ep.far_service,
+        ep.contract,
+        ep.group_no,
+        ep.state.value,
+        ep.send_seq,
+        ep.recv_seq,
+        ep.expires_at,
+        ep.timer_at,
+        ep.far_broker,
+        ep.closed_at,
     )

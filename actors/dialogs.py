@@ -59,9 +59,7 @@ def check_send(ep: Endpoint, contract: Contract, message_type: str) -> None:
         raise ConversationEnded(_ended_why(ep))
     if not may_send(contract, message_type, ep.is_initiator):
         side = "initiator" if ep.is_initiator else "target"
-        allowed = sorted(
-            mt for mt in contract.messages if may_send(contract, mt, ep.is_initiator)
-        )
+        allowed = sorted(mt for mt in contract.messages if may_send(contract, mt, ep.is_initiator))
         raise ContractViolation(
             f"contract {contract.name!r} does not let the {side} send {message_type!r} on "
             f"conversation {ep.handle}; the {side} may send: {', '.join(allowed) or 'nothing'}"
@@ -86,8 +84,10 @@ def after_send(ep: Endpoint) -> None:
 def on_arrival(ep: Endpoint, message_type: str) -> None:
     """State change when a message reaches this endpoint from the far side."""
     if message_type == END_DIALOG:
-        ep.state = State.CLOSED if ep.state is State.DISCONNECTED_OUTBOUND else (
-            State.DISCONNECTED_INBOUND
+        ep.state = (
+            State.CLOSED
+            if ep.state is State.DISCONNECTED_OUTBOUND
+            else (State.DISCONNECTED_INBOUND)
         )
     elif message_type == ERROR:
         ep.state = State.CLOSED if ep.state is State.DISCONNECTED_OUTBOUND else State.ERROR

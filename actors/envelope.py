@@ -45,11 +45,13 @@ class Send:
     def __init__(
         self, handles: str | Sequence[str], message_type: str, bodies: bytes | Sequence[bytes]
     ) -> None:
-        object.__setattr__(self, "handles", (handles,) if isinstance(handles, str) else
-                           tuple(handles))
+        object.__setattr__(
+            self, "handles", (handles,) if isinstance(handles, str) else tuple(handles)
+        )
         object.__setattr__(self, "message_type", message_type)
-        object.__setattr__(self, "bodies", (bodies,) if isinstance(bodies, bytes | bytearray)
-                           else tuple(bodies))
+        object.__setattr__(
+            self, "bodies", (bodies,) if isinstance(bodies, bytes | bytearray) else tuple(bodies)
+        )
 
 
 @dataclass(frozen=True)
@@ -80,14 +82,23 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
     for op in ops:
         tag = _TAGS.get(type(op))
         if tag is None:
-            raise InvalidArgument(
-                f"{op!r} is not an operation; use Begin, Send, End or Timer"
-            )
+            raise InvalidArgument(f"{op!r} is not an operation; use Begin, Send, End or Timer")
         if tag == 1:
             out.append([1, list(op.handles), op.message_type, list(op.bodies)])
         elif tag == 0:
-            out.append([0, op.from_service, op.to_service, op.contract, op.handle, op.to_broker,
-                        op.related_conversation, op.related_group, op.lifetime])
+            out.append(
+                [
+                    0,
+                    op.from_service,
+                    op.to_service,
+                    op.contract,
+                    op.handle,
+                    op.to_broker,
+                    op.related_conversation,
+                    op.related_group,
+                    op.lifetime,
+                ]
+            )
         elif tag == 2:
             out.append([2, op.handle, op.error_code, op.description, op.cleanup])
         else:
@@ -162,8 +173,22 @@ class ReceivedGroup:
         out = []
         for qo, ep, seq, mt, body, sent, arrived in self.rows:
             handle, conv, svc, far, contract = eps[ep]
-            out.append(Message(qo, handle, conv, self.group_id, mt, body, seq, svc, far,
-                               contract, sent, arrived))
+            out.append(
+                Message(
+                    qo,
+                    handle,
+                    conv,
+                    self.group_id,
+                    mt,
+                    body,
+                    seq,
+                    svc,
+                    far,
+                    contract,
+                    sent,
+                    arrived,
+                )
+            )
         return out
 
     def __len__(self) -> int:
@@ -179,7 +204,6 @@ def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
 
 def unpack_received(blob: bytes) -> list[ReceivedGroup]:
     out = []
-    for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False,
-                                                          strict_map_key=False):
+    for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):
         out.append(ReceivedGroup(gid, lock_id, state, {k: tuple(v) for k, v in eps}, rows))
     return out

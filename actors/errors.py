@@ -8,8 +8,18 @@ them as themselves, so `except UnknownService:` works in driver scripts.
 from __future__ import annotations
 
 
+def _rebuild(cls: type, message: str, attrs: dict) -> BrokerError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(attrs)
+    return err
+
+
 class BrokerError(Exception):
     """Base of every raybroker error."""
+
+    def __reduce__(self):  # errors cross Ray by pickle; keep subclasses' own __init__ out of it
+        return _rebuild, (type(self), str(self), dict(self.__dict__))
 
 
 class InvalidArgument(BrokerError, ValueError):

@@ -69,8 +69,6 @@ class QueueIndex:
         return sum(self.pending.values())
 
 
-
-
 @dataclass
 class Lock:
     """A conversation group held by one receiver until commit or rollback."""
@@ -102,8 +100,16 @@ class LockTable:
         return group in self.by_group
 
     def acquire(
-        self, group: int, queue: str, owner: str | None, now: float, lease_s: float | None,
-        ready_key: int, first_id: int, last_id: int, count: int,
+        self,
+        group: int,
+        queue: str,
+        owner: str | None,
+        now: float,
+        lease_s: float | None,
+        ready_key: int,
+        first_id: int,
+        last_id: int,
+        count: int,
     ) -> Lock:
         assert group not in self.by_group, "group already locked"
         lock = Lock(

@@ -1,0 +1,173 @@
+"""`BrokerActor`: the thin Ray shell around `BrokerCore`.
+
+It owns what needs a process: the event loop (receivers waiting for messages), the clock that fires
+timers and leases, and handles to the reader actors that hold locks (so a dead reader's locks are
+released at once). Every rule it applies is in the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import ray
+
+from ..catalog import from_record
+from ..core import BrokerCore, Limits
+from ..envelope import pack_received, unpack_ops
+from ..store import Store
+
+log = logging.getLogger("raybroker")
+
+OWNER_CHECK_S = 1.0  # how often holders of locks are checked for being alive
+TICK_MAX_S = 0.25  # the longest the clock sleeps between looks at timers and leases
+
+
+class BrokerActor:
+    """One broker. Created through `actors.remote.client.start_broker`, which applies
+    `ray.remote` with restart options; the class itself stays plain Python."""
+
+    def __init__(self, name: str, path: str, durability: str, limits: dict[str, Any]) -> None:
+        self.name = name
+        self.core = BrokerCore(Store(path, durability), time.time, Limits(**limits))
+        self.core.notify = self._wake
+        self.core.on_event = self._surface
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._owners: dict[str, Any] = {}  # owner id -> actor handle of a lock holder
+        self._poke = asyncio.Event()
+        self._clock = asyncio.get_running_loop().create_task(self._run_clock())
+
+    # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
+
+    async def _run_clock(self) -> None:
+        next_owner_check = 0.0
+        while True:
+            try:
+                due = self.core.tick()
+                now = time.time()
+                if now >= next_owner_check:
+                    next_owner_check = now + OWNER_CHECK_S
+                    await self._release_dead_owners()
+            except Exception:  # the clock must outlive any one failure; it is logged
+                log.exception("broker %s: clock tick failed", self.name)
+                due = None
+            delay = TICK_MAX_S if due is None else min(TICK_MAX_S, max(0.0, due - time.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), delay)
+            self._poke.clear()
+
+    async def _release_dead_owners(self) -> None:
+        held = self.core.locks.owners()
+        for owner in list(self._owners):
+            if owner not in held:
+                del self._owners[owner]
+        for owner, handle in list(self._owners.items()):
+            try:
+                await asyncio.wait_for(handle.__ray_ready__.remote(), 5.0)
+            except TimeoutError:
+                continue  # busy, not dead; its lease still bounds it
+            except ray.exceptions.RayError:
+                n = self.core.release_owner(owner)
+                self._owners.pop(owner, None)
+                log.warning(
+                    "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
+                )
+
+    def _wake(self, queue: str) -> None:
+        ev = self._waiters.pop(queue, None)
+        if ev is not None:
+            ev.set()
+
+    async def _wait(self, queue: str, timeout: float) -> None:
+        ev = self._waiters.setdefault(queue, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout)
+
+    def _surface(self, kind: str, subject: str, detail: str) -> None:
+        level = logging.WARNING if kind == "QueueDisabled" else logging.INFO
+        log.log(level, "broker %s: %s %s: %s", self.name, kind, subject, detail)
+
+    # --- verbs (each one core call, one transaction) --------------------------------------------
+
+    async def info(self) -> dict[str, Any]:
+        return {"name": self.name, "broker_id": self.core.broker_id}
+
+    async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:
+        self.core.create(from_record(kind, record), request_id)
+
+    async def alter(self, kind: str, name: str, changes: dict[str, Any], request_id: str) -> None:
+        self.core.alter(kind, name, changes, request_id)
+
+    async def drop(self, kind: str, name: str, request_id: str) -> None:
+        self.core.drop(kind, name, request_id)
+
+    async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
+        result = self.core.apply(unpack_ops(ops), request_id)
+        self._poke.set()  # a timer may have been set
+        return result
+
+    async def receive(
+        self, queue: str, wait: float, options: dict[str, Any], owner: tuple[str, Any] | None = None
+    ) -> bytes:
+        deadline = time.monotonic() + wait
+        owner_id = self._adopt(owner)
+        while True:
+            groups = self.core.receive(queue, owner=owner_id, **options)
+            left = deadline - time.monotonic()
+            if groups or left <= 0:
+                if groups and options.get("lease_s"):
+                    self._poke.set()
+                return pack_received(groups)
+            await self._wait(queue, left)
+
+    async def get_conversation_group(
+        self,
+        queue: str,
+        wait: float,
+        lease_s: float | None,
+        owner: tuple[str, Any] | None = None,
+    ) -> tuple[str, str] | None:
+        deadline = time.monotonic() + wait
+        owner_id = self._adopt(owner)
+        while True:
+            found = self.core.get_conversation_group(queue, owner_id, lease_s)
+            left = deadline - time.monotonic()
+            if found or left <= 0:
+                return found
+            await self._wait(queue, left)
+
+    def _adopt(self, owner: tuple[str, Any] | None) -> str | None:
+        """Remember the actor that will hold the locks, to notice if it dies."""
+        if owner is None:
+            return None
+        owner_id, handle = owner
+        self._owners[owner_id] = handle
+        return owner_id
+
+    async def settle(
+        self,
+        commit: list[str],
+        rollback: list[str],
+        ops: bytes,
+        states: dict[str, bytes | None],
+        request_id: str,
+    ) -> dict[str, Any]:
+        return self.core.settle(commit, rollback, unpack_ops(ops), states, request_id)
+
+    async def move_conversation(self, handle: str, group_id: str) -> None:
+        self.core.move_conversation(handle, group_id)
+
+    async def view(self, name: str, kwargs: dict[str, Any]) -> Any:
+        views = {
+            "definitions": self.core.definitions,
+            "endpoints": self.core.endpoints_view,
+            "queue": self.core.queue_view,
+            "queues": self.core.queues_view,
+            "transmission_queue": self.core.transmission_view,
+            "events": self.core.events_view,
+            "audit": self.core.audit_view,
+        }
+        return views[name](**kwargs)

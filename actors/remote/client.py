@@ -1,0 +1,358 @@
+"""The client: start or find a broker actor, and call its verbs from a driver, a task or an actor.
+
+`Broker` is synchronous; `broker.aio` is the same handle with every verb as a coroutine. This is
+the one place that turns Ray's errors into ours: a broker error raised in the actor is re-raised
+as itself, and a broker that is restarting is retried (with the same request id, so a retried
+call is applied once) until `retry_s` runs out, then `BrokerUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import ray
+
+from ..catalog import Definition, kind_of, to_record
+from ..envelope import End, Op, ReceivedGroup, Send, Timer, pack_ops, unpack_received
+from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
+from .broker import BrokerActor
+
+DEFAULT_NAMESPACE = "raybroker"
+_TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+LockRef = ReceivedGroup | str
+
+
+def _lock_ids(groups: Iterable[LockRef] | LockRef) -> list[str]:
+    if isinstance(groups, ReceivedGroup | str):
+        groups = [groups]
+    out = []
+    for g in groups:
+        if isinstance(g, ReceivedGroup):
+            out.append(g.lock_id)
+        elif isinstance(g, str):
+            out.append(g)
+        else:
+            raise InvalidArgument(f"expected received groups or lock ids, got {type(g).__name__}")
+    return out
+
+
+def _owner() -> tuple[str, Any] | None:
+    """When called inside an actor, that actor holds the locks (so its death releases them)."""
+    ctx = ray.get_runtime_context()
+    actor_id = ctx.get_actor_id()
+    return (actor_id, ctx.current_actor) if actor_id else None
+
+
+class _Verbs:
+    """Every verb, written once. `_call` is sync in `Broker` and a coroutine in `AsyncBroker`."""
+
+    name: str
+
+    def _call(
+        self, method: str, *args: Any, post: Callable[[Any], Any] | None = None
+    ) -> Any:  # pragma: no cover - implemented below
+        raise NotImplementedError
+
+    # --- catalog ---------------------------------------------------------------------------------
+
+    def create(self, definition: Definition) -> Any:
+        """Create a MessageType, Contract, Queue or Service on this broker."""
+        try:
+            kind = kind_of(definition)
+        except KeyError:
+            raise InvalidArgument(
+                f"cannot create {definition!r}: pass a MessageType, Contract, Queue or Service"
+            ) from None
+        return self._call("define", kind, to_record(definition), _rid())
+
+    def alter(self, kind: str, name: str, **changes: Any) -> Any:
+        """Change fields of a definition: `alter("queue", "Q", enabled=True)`."""
+        return self._call("alter", kind, name, changes, _rid())
+
+    def alter_queue(self, name: str, **changes: Any) -> Any:
+        return self.alter("queue", name, **changes)
+
+    def drop(self, kind: str, name: str) -> Any:
+        return self._call("drop", kind, name, _rid())
+
+    # --- dialogs ---------------------------------------------------------------------------------
+
+    def apply(self, ops: Sequence[Op]) -> Any:
+        """Begin, Send, End and Timer operations, in order, in one call and one transaction.
+        Returns {"handles": [handles begun], "sent": messages sent}."""
+        return self._call("apply", pack_ops(ops), _rid())
+
+    def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str = "DEFAULT",
+        *,
+        related_conversation: str | None = None,
+        related_group: str | None = None,
+        lifetime: float | None = None,
+        to_broker: str | None = None,
+    ) -> Any:
+        """BEGIN DIALOG; returns the new conversation handle."""
+        from ..envelope import Begin
+
+        op = Begin(
+            from_service,
+            to_service,
+            contract,
+            to_broker=to_broker,
+            related_conversation=related_conversation,
+            related_group=related_group,
+            lifetime=lifetime,
+        )
+        return self._call("apply", pack_ops([op]), _rid(), post=lambda r: r["handles"][0])
+
+    def send(self, handles: str | Sequence[str], message_type: str, body: bytes = b"") -> Any:
+        """SEND one message on one or several conversations. For many, use `apply([Send(...)])`."""
+        return self.apply([Send(handles, message_type, body)])
+
+    def end_conversation(
+        self,
+        handle: str,
+        *,
+        error: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> Any:
+        """END CONVERSATION [WITH ERROR = error DESCRIPTION = description | WITH CLEANUP]."""
+        return self.apply([End(handle, error, description, cleanup)])
+
+    def begin_conversation_timer(self, handle: str, timeout: float) -> Any:
+        return self.apply([Timer(handle, timeout)])
+
+    def move_conversation(self, handle: str, group_id: str) -> Any:
+        return self._call("move_conversation", handle, group_id)
+
+    # --- receive and commit ----------------------------------------------------------------------
+
+    def receive(
+        self,
+        queue: str,
+        *,
+        wait: float = 0.0,
+        max_groups: int = 1,
+        top: int | None = None,
+        group_id: str | None = None,
+        handle: str | None = None,
+        lock: LockRef | None = None,
+        lease: float | None = None,
+    ) -> Any:
+        """RECEIVE: messages of up to `max_groups` conversation groups (all of each group's
+        waiting messages, or the first `top`), each group locked until commit or rollback.
+        Waits up to `wait` seconds for messages; returns [] if none came."""
+        options: dict[str, Any] = {
+            "max_groups": max_groups,
+            "top": top,
+            "group_id": group_id,
+            "handle": handle,
+            "lease_s": lease,
+        }
+        if lock is not None:
+            options["lock_id"] = _lock_ids(lock)[0]
+        return self._call("receive", queue, float(wait), options, _owner(), post=unpack_received)
+
+    def get_conversation_group(
+        self, queue: str, *, wait: float = 0.0, lease: float | None = None
+    ) -> Any:
+        """GET CONVERSATION GROUP: lock the next group with messages, taking none of them.
+        Returns (group_id, lock_id) or None; receive from it with `lock=lock_id`."""
+        return self._call(
+            "get_conversation_group",
+            queue,
+            float(wait),
+            lease,
+            _owner(),
+            post=lambda r: None if r is None else tuple(r),
+        )
+
+    def settle(
+        self,
+        commit: Iterable[LockRef] = (),
+        rollback: Iterable[LockRef] = (),
+        *,
+        ops: Sequence[Op] = (),
+        states: Mapping[str, bytes | None] | None = None,
+    ) -> Any:
+        """Commit some received groups and roll back others in one call. Committing removes the
+        received messages, applies `ops` and writes `states` ({group_id: bytes}) atomically."""
+        return self._call(
+            "settle",
+            _lock_ids(commit),
+            _lock_ids(rollback),
+            pack_ops(ops),
+            dict(states or {}),
+            _rid(),
+        )
+
+    def commit(
+        self,
+        groups: Iterable[LockRef] | LockRef,
+        *,
+        ops: Sequence[Op] = (),
+        states: Mapping[str, bytes | None] | None = None,
+    ) -> Any:
+        return self.settle(_lock_ids(groups), (), ops=ops, states=states)
+
+    def rollback(self, groups: Iterable[LockRef] | LockRef) -> Any:
+        return self.settle((), _lock_ids(groups))
+
+    # --- views -----------------------------------------------------------------------------------
+
+    def info(self) -> Any:
+        """{"name", "broker_id"}."""
+        return self._call("info")
+
+    def definitions(self) -> Any:
+        return self._call("view", "definitions", {})
+
+    def endpoints(self) -> Any:
+        """sys.conversation_endpoints, as a list of dicts."""
+        return self._call("view", "endpoints", {})
+
+    def queue(self, name: str, limit: int = 1000) -> Any:
+        """The messages of one queue, in queue order, with their status."""
+        return self._call("view", "queue", {"queue": name, "limit": limit})
+
+    def queues(self) -> Any:
+        """Per queue: depth, locked groups, enabled, poison count."""
+        return self._call("view", "queues", {})
+
+    def transmission_queue(self, limit: int = 1000) -> Any:
+        return self._call("view", "transmission_queue", {"limit": limit})
+
+    def events(self, after_id: int = 0, limit: int = 1000) -> Any:
+        """Operator events (QueueDisabled, QueueEnabled, ...), oldest first."""
+        return self._call("view", "events", {"after_id": after_id, "limit": limit})
+
+    def audit(self, after_id: int = 0, limit: int = 1000) -> Any:
+        """Delivery records, one per committed message."""
+        return self._call("view", "audit", {"after_id": after_id, "limit": limit})
+
+
+def _rid() -> str:
+    return uuid.uuid4().hex
+
+
+def _reraise(exc: ray.exceptions.RayTaskError) -> None:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BrokerError):
+        raise cause.with_traceback(None) from None
+    raise exc
+
+
+class Broker(_Verbs):
+    """A handle on one broker actor. Picklable: pass it to tasks and actors."""
+
+    def __init__(
+        self, actor: Any, name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0
+    ) -> None:
+        self.actor = actor
+        self.name = name
+        self.namespace = namespace
+        self.retry_s = retry_s
+        self.aio = AsyncBroker(self)
+
+    def __reduce__(self):
+        return Broker, (self.actor, self.name, self.namespace, self.retry_s)
+
+    def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.05
+        while True:
+            try:
+                result = ray.get(getattr(self.actor, method).remote(*args))
+            except ray.exceptions.RayTaskError as exc:
+                _reraise(exc)
+            except _TRANSIENT as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BrokerUnavailable(
+                        f"broker {self.name!r} did not answer within {self.retry_s}s ({exc})"
+                    ) from None
+                time.sleep(delay)  # the actor is restarting; back off and retry
+                delay = min(delay * 2, 1.0)
+                continue
+            return post(result) if post else result
+
+
+class AsyncBroker(_Verbs):
+    """The same verbs as `Broker`, as coroutines (for async actors and asyncio drivers)."""
+
+    def __init__(self, sync: Broker) -> None:
+        self._sync = sync
+        self.name = sync.name
+
+    async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
+        deadline = time.monotonic() + self._sync.retry_s
+        delay = 0.05
+        while True:
+            try:
+                result = await getattr(self._sync.actor, method).remote(*args)
+            except ray.exceptions.RayTaskError as exc:
+                _reraise(exc)
+            except _TRANSIENT as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BrokerUnavailable(
+                        f"broker {self.name!r} did not answer within {self._sync.retry_s}s ({exc})"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            return post(result) if post else result
+
+
+def start_broker(
+    name: str,
+    path: str = ":memory:",
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    durability: str = "normal",
+    detached: bool = False,
+    get_if_exists: bool = True,
+    retry_s: float = 60.0,
+    max_body_bytes: int | None = None,
+    lease_s: float | None = None,
+    **actor_options: Any,
+) -> Broker:
+    """Start the broker actor `name` (or attach to it if it runs), with its store at `path`
+    (a SQLite file, or ":memory:" for a broker that forgets on restart). Ray restarts the actor
+    if its process dies; it reopens the store and carries on. `actor_options` go to Ray
+    (num_cpus, resources, scheduling_strategy, ...) for placement."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("a broker needs a non-empty name")
+    limits = {
+        k: v for k, v in (("max_body_bytes", max_body_bytes), ("lease_s", lease_s)) if v is not None
+    }
+    options = {"num_cpus": 0, "max_concurrency": 1000, **actor_options}
+    cls = ray.remote(BrokerActor).options(
+        name=name,
+        namespace=namespace,
+        max_restarts=-1,
+        max_task_retries=0,  # the client retries, with request ids, so nothing applies twice
+        lifetime="detached" if detached else None,
+        get_if_exists=get_if_exists,
+        **options,
+    )
+    broker = Broker(cls.remote(name, path, durability, limits), name, namespace, retry_s)
+    broker.info()  # surfaces a bad path or option now, not at first use
+    return broker
+
+
+def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:
+    """A handle on a running broker, by name."""
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        raise BrokerUnavailable(
+            f"no broker named {name!r} in namespace {namespace!r}; start it with start_broker"
+        ) from None
+    return Broker(actor, name, namespace, retry_s)
