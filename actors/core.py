@@ -1037,6 +1037,25 @@ class BrokerCore:
             }
         return out
 
+    def groups_view(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """Conversation groups: queue, waiting messages, lock, and the group's state."""
+        out = []
+        for g in self._groups.values():
+            if queue is not None and g.queue != queue:
+                continue
+            lock = self.locks.by_group.get(g.no)
+            out.append(
+                {
+                    "conversation_group_id": g.group_id,
+                    "queue": g.queue,
+                    "conversations": g.members,
+                    "waiting": self._index.get(g.queue, QueueIndex()).pending.get(g.no, 0),
+                    "locked_by": lock.lock_id if lock else None,
+                    "state": self.store.group_state(g.no),
+                }
+            )
+        return out
+
     def transmission_view(self, limit: int = 1000) -> list[dict[str, Any]]:
         """sys.transmission_queue: messages waiting to leave this broker, and why."""
         out = []

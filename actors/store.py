@@ -68,6 +68,7 @@ class Store:
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
             self.db.execute("PRAGMA busy_timeout=5000")
+            self.db.execute("PRAGMA cache_size=-65536")  # 64 MiB: receive reads what send wrote
             self.db.executescript(SCHEMA)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path!r}: {exc}") from None

@@ -8,6 +8,7 @@ released at once). Every rule it applies is in the core.
 from __future__ import annotations
 
 import asyncio
+import os
 import contextlib
 import logging
 import time
@@ -93,7 +94,7 @@ class BrokerActor:
     # --- verbs (each one core call, one transaction) --------------------------------------------
 
     async def info(self) -> dict[str, Any]:
-        return {"name": self.name, "broker_id": self.core.broker_id}
+        return {"name": self.name, "broker_id": self.core.broker_id, "pid": os.getpid()}
 
     async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:
         self.core.create(from_record(kind, record), request_id)
@@ -110,8 +111,17 @@ class BrokerActor:
         return result
 
     async def receive(
-        self, queue: str, wait: float, options: dict[str, Any], owner: tuple[str, Any] | None = None
+        self,
+        queue: str,
+        wait: float,
+        options: dict[str, Any],
+        owner: tuple[str, Any] | None = None,
+        settle: tuple[Any, ...] | None = None,
     ) -> bytes:
+        """RECEIVE, after first settling (committing / rolling back) the caller's previous
+        groups when `settle` is given: a reader's loop costs one call per turn."""
+        if settle is not None:
+            await self.settle(*settle)
         deadline = time.monotonic() + wait
         owner_id = self._adopt(owner)
         while True:
@@ -166,6 +176,7 @@ class BrokerActor:
             "endpoints": self.core.endpoints_view,
             "queue": self.core.queue_view,
             "queues": self.core.queues_view,
+            "groups": self.core.groups_view,
             "transmission_queue": self.core.transmission_view,
             "events": self.core.events_view,
             "audit": self.core.audit_view,

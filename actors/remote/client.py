@@ -146,10 +146,17 @@ class _Verbs:
         handle: str | None = None,
         lock: LockRef | None = None,
         lease: float | None = None,
+        commit: Iterable[LockRef] = (),
+        rollback: Iterable[LockRef] = (),
+        ops: Sequence[Op] = (),
+        states: Mapping[str, bytes | None] | None = None,
     ) -> Any:
         """RECEIVE: messages of up to `max_groups` conversation groups (all of each group's
         waiting messages, or the first `top`), each group locked until commit or rollback.
-        Waits up to `wait` seconds for messages; returns [] if none came."""
+        Waits up to `wait` seconds for messages; returns [] if none came.
+
+        `commit`/`rollback`/`ops`/`states` settle earlier groups first, in the same call, exactly
+        as `settle` does (a reader loop's commit-then-receive as one round trip)."""
         options: dict[str, Any] = {
             "max_groups": max_groups,
             "top": top,
@@ -159,7 +166,13 @@ class _Verbs:
         }
         if lock is not None:
             options["lock_id"] = _lock_ids(lock)[0]
-        return self._call("receive", queue, float(wait), options, _owner(), post=unpack_received)
+        settle = None
+        commit, rollback = _lock_ids(commit), _lock_ids(rollback)
+        if commit or rollback or ops or states:
+            settle = (commit, rollback, pack_ops(ops), dict(states or {}), _rid())
+        return self._call(
+            "receive", queue, float(wait), options, _owner(), settle, post=unpack_received
+        )
 
     def get_conversation_group(
         self, queue: str, *, wait: float = 0.0, lease: float | None = None
@@ -226,6 +239,10 @@ class _Verbs:
     def queues(self) -> Any:
         """Per queue: depth, locked groups, enabled, poison count."""
         return self._call("view", "queues", {})
+
+    def groups(self, queue: str | None = None) -> Any:
+        """Conversation groups with their waiting count, lock and state."""
+        return self._call("view", "groups", {"queue": queue})
 
     def transmission_queue(self, limit: int = 1000) -> Any:
         return self._call("view", "transmission_queue", {"limit": limit})

@@ -1,0 +1,70 @@
+"""The `raybroker` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import BrokerError
+
+
+def _bench_scenarios() -> dict[str, Callable[..., Any]]:
+    from benchmarks import local
+
+    return {"local": local.run}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    scenarios = _bench_scenarios()
+    if args.scenario not in scenarios:
+        print(
+            f"raybroker bench: unknown scenario {args.scenario!r}; available: "
+            f"{', '.join(sorted(scenarios))}",
+            file=sys.stderr,
+        )
+        return 2
+    kwargs: dict[str, Any] = {}
+    if args.messages:
+        kwargs["messages"] = args.messages
+    elif args.quick:
+        kwargs["messages"] = 20_000
+    report = scenarios[args.scenario](**kwargs, progress=lambda s: print(f"... {s}", flush=True))
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    return run(orders=args.orders, readers=args.readers, path=args.path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="raybroker", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the order-entry pipeline on a local Ray")
+    demo.add_argument("--orders", type=int, default=2000, help="orders to process")
+    demo.add_argument("--readers", type=int, default=2, help="concurrent queue readers")
+    demo.add_argument("--path", default=None, help="broker store file (default: a temp dir)")
+    demo.set_defaults(fn=_demo)
+    bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
+    bench.add_argument("scenario", help="local")
+    bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    bench.add_argument("--messages", type=int, help="how many messages")
+    bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
+    bench.set_defaults(fn=_bench)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except BrokerError as exc:
+        print(f"raybroker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

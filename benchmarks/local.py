@@ -1,0 +1,217 @@
+"""`raybroker bench local`: one broker, N messages over K dialogs, sent in batches, received by
+conversation group, committed, durable (a SQLite file in WAL mode). Beside it, in the same run and
+process, the raw SQLite work the broker cannot avoid: the same rows inserted in the same batches
+into the same table and index, then selected by group and deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+import psutil
+
+from actors import Begin, Queue, Send, Service, start_broker
+from actors.remote.client import Broker
+from actors.remote.runtime import ensure_ray
+from actors.store import SCHEMA
+
+from .report import Report, Row, percentile
+
+Progress = Callable[[str], None]
+
+
+def run(
+    messages: int = 200_000,
+    dialogs: int = 100,
+    batch: int = 1000,
+    body_bytes: int = 100,
+    max_groups: int = 8,
+    readers: int = 2,
+    inflight: int = 4,
+    progress: Progress = print,
+) -> Report:
+    if messages % batch:
+        messages -= messages % batch
+    params = {
+        "messages": messages,
+        "dialogs": dialogs,
+        "batch": batch,
+        "body_bytes": body_bytes,
+        "max_groups": max_groups,
+        "readers": readers,
+        "inflight": inflight,
+    }
+    report = Report("local", params)
+    body = os.urandom(body_bytes)
+    with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp:
+        ensure_ray()
+        broker = start_broker(f"bench-local-{uuid.uuid4().hex[:8]}", os.path.join(tmp, "b.sqlite"))
+        try:
+            handles = _setup(broker, dialogs)
+            warm = max(batch, messages // 10 // batch * batch)
+            progress(f"raybroker: warm-up ({warm:,} messages)")
+            asyncio.run(
+                _pipelined(broker, handles, warm, batch, body, max_groups, readers, inflight)
+            )
+            progress(f"raybroker: {messages:,} messages, pipelined send and receive+commit")
+            e2e, p50, p99, cpu = asyncio.run(
+                _pipelined(broker, handles, messages, batch, body, max_groups, readers, inflight)
+            )
+            report.rows.append(
+                Row(
+                    "raybroker",
+                    "end-to-end: send || receive+commit",
+                    e2e,
+                    p50,
+                    p99,
+                    cpu,
+                    "latency = send to commit, under full load",
+                )
+            )
+            progress("raybroker: send only, then receive+commit only")
+            send_rate, recv_rate = asyncio.run(
+                _phases(broker, handles, messages, batch, body, max_groups, readers, inflight)
+            )
+            report.rows.append(Row("raybroker", "send only", send_rate))
+            report.rows.append(Row("raybroker", "receive+commit only", recv_rate))
+        finally:
+            import ray
+
+            ray.kill(broker.actor, no_restart=True)
+        progress("raw-sqlite: the same rows, inserted, selected by group, deleted")
+        raw = _raw_sqlite(
+            os.path.join(tmp, "raw.sqlite"), messages, dialogs, batch, body, max_groups
+        )
+        report.rows += raw
+    raw_e2e = raw[0].messages_per_s
+    report.rows[0].notes += f"; {e2e / raw_e2e:.2f}x raw-sqlite end-to-end"
+    report.rows[1].notes = f"{send_rate / raw[1].messages_per_s:.2f}x raw-sqlite insert"
+    report.rows[2].notes = f"{recv_rate / raw[2].messages_per_s:.2f}x raw-sqlite select+delete"
+    return report
+
+
+def _setup(broker: Broker, dialogs: int) -> list[str]:
+    broker.create(Queue("InitiatorQueue"))
+    broker.create(Queue("TargetQueue"))
+    broker.create(Service("Initiator", "InitiatorQueue"))
+    broker.create(Service("Target", "TargetQueue", ["DEFAULT"]))
+    return broker.apply([Begin("Initiator", "Target") for _ in range(dialogs)])["handles"]
+
+
+class _Cpu:
+    """CPU seconds used by this process and the broker's."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.procs = [psutil.Process(), psutil.Process(broker.info()["pid"])]
+        self.start = self._now()
+
+    def _now(self) -> float:
+        return sum(p.cpu_times().user + p.cpu_times().system for p in self.procs)
+
+    def per_1k(self, messages: int) -> float:
+        return (self._now() - self.start) / (messages / 1000)
+
+
+async def _send_all(
+    broker: Broker, handles: list[str], messages: int, batch: int, body: bytes, inflight: int
+) -> None:
+    gate = asyncio.Semaphore(inflight)
+    bodies = [body] * batch
+
+    async def one(i: int) -> None:
+        async with gate:
+            await broker.aio.apply([Send(handles[i % len(handles)], "DEFAULT", bodies)])
+
+    await asyncio.gather(*(one(i) for i in range(messages // batch)))
+
+
+async def _receive_all(broker: Broker, messages: int, max_groups: int, readers: int) -> None:
+    done = 0
+
+    async def reader() -> None:
+        nonlocal done
+        groups: list = []
+        while done < messages:
+            # commit the previous turn's groups and receive the next ones in one call
+            groups = await broker.aio.receive(
+                "TargetQueue", max_groups=max_groups, wait=0.2, commit=groups
+            )
+            done += sum(len(g) for g in groups)
+        if groups:
+            await broker.aio.commit(groups)
+
+    await asyncio.gather(*(reader() for _ in range(readers)))
+
+
+async def _pipelined(broker, handles, messages, batch, body, max_groups, readers, inflight):
+    audit_from = len(broker.audit(limit=1 << 30))
+    cpu = _Cpu(broker)
+    t0 = time.perf_counter()
+    await asyncio.gather(
+        _send_all(broker, handles, messages, batch, body, inflight),
+        _receive_all(broker, messages, max_groups, readers),
+    )
+    elapsed = time.perf_counter() - t0
+    per_1k = cpu.per_1k(messages)
+    records = broker.audit(limit=1 << 30)[audit_from:]
+    lat = sorted((r["committed_at"] - r["sent_at"]) * 1000 for r in records)
+    return messages / elapsed, percentile(lat, 0.5), percentile(lat, 0.99), per_1k
+
+
+async def _phases(broker, handles, messages, batch, body, max_groups, readers, inflight):
+    t0 = time.perf_counter()
+    await _send_all(broker, handles, messages, batch, body, inflight)
+    t1 = time.perf_counter()
+    await _receive_all(broker, messages, max_groups, readers)
+    t2 = time.perf_counter()
+    return messages / (t1 - t0), messages / (t2 - t1)
+
+
+def _raw_sqlite(
+    path: str, messages: int, dialogs: int, batch: int, body: bytes, max_groups: int
+) -> list[Row]:
+    """Plain sqlite3, same table, index, durability and batch sizes; no broker logic."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(SCHEMA)
+    now = time.time()
+    next_id = 1
+    t0 = time.perf_counter()
+    for i in range(messages // batch):
+        g = i % dialogs + 1
+        rows = [(next_id + j, g, g, j, "DEFAULT", body, 0, now, now) for j in range(batch)]
+        next_id += batch
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        db.execute("COMMIT")
+    t1 = time.perf_counter()
+    groups = list(range(1, dialogs + 1))
+    got = 0
+    for i in range(0, len(groups), max_groups):
+        db.execute("BEGIN IMMEDIATE")
+        for g in groups[i : i + max_groups]:
+            rows = db.execute(
+                "SELECT id, endpoint_no, seq, type, body, sent_at, arrived_at FROM messages "
+                "WHERE group_no=? AND status=0 ORDER BY id",
+                (g,),
+            ).fetchall()
+            got += len(rows)
+            db.execute(
+                "DELETE FROM messages WHERE group_no=? AND id BETWEEN ? AND ?",
+                (g, rows[0][0], rows[-1][0]),
+            )
+        db.execute("COMMIT")
+    t2 = time.perf_counter()
+    db.close()
+    assert got == messages, (got, messages)
+    return [
+        Row("raw-sqlite", "insert, then select+delete", messages / (t2 - t0)),
+        Row("raw-sqlite", "insert only", messages / (t1 - t0)),
+        Row("raw-sqlite", "select+delete only", messages / (t2 - t1)),
+    ]

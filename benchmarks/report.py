@@ -1,0 +1,72 @@
+"""The benchmark report: one shape for every scenario (DESIGN.md §10a), as JSON and as a table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Row:
+    system: str
+    variant: str
+    messages_per_s: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cpu_s_per_1k: float | None = None
+    notes: str = ""
+
+
+@dataclass
+class Report:
+    scenario: str
+    params: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "params": self.params,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.as_dict(), f, indent=2)
+
+    def table(self) -> str:
+        head = ("system", "variant", "msg/s", "p50 ms", "p99 ms", "cpu s/1k", "notes")
+        lines = [head]
+        for r in self.rows:
+            lines.append(
+                (
+                    r.system,
+                    r.variant,
+                    f"{r.messages_per_s:,.0f}",
+                    _num(r.p50_ms),
+                    _num(r.p99_ms),
+                    _num(r.cpu_s_per_1k, 4),
+                    r.notes,
+                )
+            )
+        widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+        out = [
+            f"scenario {self.scenario}: " + ", ".join(f"{k}={v}" for k, v in self.params.items())
+        ]
+        for n, line in enumerate(lines):
+            out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
+            if n == 0:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+
+def _num(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[i]
