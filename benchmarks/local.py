@@ -13,6 +13,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+
 import psutil
 
 from actors import Begin, Queue, Send, Service, start_broker

@@ -8,9 +8,9 @@ released at once). Every rule it applies is in the core.
 from __future__ import annotations
 
 import asyncio
-import os
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
