@@ -1,0 +1,80 @@
+"""Integration tests: one real local Ray per session, real brokers on real SQLite files."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import ray
+
+from actors import Broker, Contract, MessageType, Queue, Service, start_broker
+from actors.remote.runtime import ensure_ray
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    ensure_ray(num_cpus=4)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
+    """Start brokers with files under this test's tmp_path; all are killed at the end."""
+    started: list[Broker] = []
+
+    def make(path: str | None = None, **options: Any) -> Broker:
+        name = f"test-{uuid.uuid4().hex[:10]}"
+        b = start_broker(name, path or str(tmp_path / f"{name}.sqlite"), **options)
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        ray.kill(b.actor, no_restart=True)
+
+
+@pytest.fixture
+def broker(make_broker) -> Broker:
+    return make_broker()
+
+
+def define_orders(b: Broker, poison_limit: int = 5, retention: bool = False) -> None:
+    """The catalog most tests use: Orders (initiator) -> Fulfilment (target)."""
+    b.create(MessageType("Order", "json"))
+    b.create(
+        MessageType(
+            "Line",
+            "json_schema",
+            schema={
+                "type": "object",
+                "required": ["sku", "qty"],
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+            },
+        )
+    )
+    b.create(MessageType("Ack"))
+    b.create(
+        Contract("OrderContract", {"Order": "initiator", "Line": "initiator", "Ack": "target"})
+    )
+    b.create(Queue("OrdersQueue"))
+    b.create(Queue("FulfilmentQueue", poison_limit=poison_limit, retention=retention))
+    b.create(Service("Orders", "OrdersQueue"))
+    b.create(Service("Fulfilment", "FulfilmentQueue", ["OrderContract"]))
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
