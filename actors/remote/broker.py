@@ -19,12 +19,16 @@ import ray
 from ..catalog import from_record
 from ..core import BrokerCore, Limits
 from ..envelope import pack_received, unpack_ops
+from ..errors import InvalidArgument
 from ..store import Store
 
 log = logging.getLogger("raybroker")
 
 OWNER_CHECK_S = 1.0  # how often holders of locks are checked for being alive
 TICK_MAX_S = 0.25  # the longest the clock sleeps between looks at timers and leases
+# Failpoints for fault-injection tests: "exit_after_commit" kills the process right after the next
+# apply/settle commits, before its reply leaves (the window where a retry must not apply twice).
+FAILPOINTS = frozenset({"exit_after_commit"})
 
 
 class BrokerActor:
@@ -39,6 +43,7 @@ class BrokerActor:
         self._waiters: dict[str, asyncio.Event] = {}
         self._owners: dict[str, Any] = {}  # owner id -> actor handle of a lock holder
         self._poke = asyncio.Event()
+        self._failpoints: set[str] = set()
         self._clock = asyncio.get_running_loop().create_task(self._run_clock())
 
     # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
@@ -107,6 +112,7 @@ class BrokerActor:
 
     async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
         result = self.core.apply(unpack_ops(ops), request_id)
+        self._failpoint("exit_after_commit")
         self._poke.set()  # a timer may have been set
         return result
 
@@ -165,7 +171,19 @@ class BrokerActor:
         states: dict[str, bytes | None],
         request_id: str,
     ) -> dict[str, Any]:
-        return self.core.settle(commit, rollback, unpack_ops(ops), states, request_id)
+        result = self.core.settle(commit, rollback, unpack_ops(ops), states, request_id)
+        self._failpoint("exit_after_commit")
+        return result
+
+    async def arm_failpoint(self, name: str) -> None:
+        """Arm a failpoint (see FAILPOINTS); it fires once, in this process."""
+        if name not in FAILPOINTS:
+            raise InvalidArgument(f"unknown failpoint {name!r}; use one of {sorted(FAILPOINTS)}")
+        self._failpoints.add(name)
+
+    def _failpoint(self, name: str) -> None:
+        if name in self._failpoints:
+            os._exit(1)
 
     async def move_conversation(self, handle: str, group_id: str) -> None:
         self.core.move_conversation(handle, group_id)
