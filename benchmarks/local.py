@@ -192,7 +192,7 @@ def _raw_sqlite(
         db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         db.execute("COMMIT")
     t1 = time.perf_counter()
-    groups = list(range(1, dialogs + 1))
+    groups = list(range(1, min(dialogs, messages // batch) + 1))  # the groups that got rows
     got = 0
     for i in range(0, len(groups), max_groups):
         db.execute("BEGIN IMMEDIATE")

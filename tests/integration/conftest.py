@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,6 +13,8 @@ import ray
 
 from actors import Broker, Contract, MessageType, Queue, Service, start_broker
 from actors.remote.runtime import ensure_ray
+
+os.environ.setdefault("RAYBROKER_QUIET", "1")  # actor logs stay in Ray's log files
 
 
 @pytest.fixture(scope="session")

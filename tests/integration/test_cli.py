@@ -1,0 +1,46 @@
+"""The command line's main jobs, run in-process on the session's Ray."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actors.cli import main
+
+
+@pytest.mark.slow
+def test_the_demo_processes_every_order_once(ray_session, capsys):
+    assert main(["demo", "--orders", "200", "--readers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: nothing lost, nothing doubled" in out
+    assert "orders confirmed                  200" in out
+
+
+@pytest.mark.slow
+def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "local", "--quick", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "local" and report["params"]["messages"] > 0
+    systems = {(r["system"], r["variant"]) for r in report["rows"]}
+    assert ("raybroker", "end-to-end: send || receive+commit") in systems
+    assert ("raw-sqlite", "insert, then select+delete") in systems
+    for row in report["rows"]:
+        assert set(row) == {
+            "system",
+            "variant",
+            "messages_per_s",
+            "p50_ms",
+            "p99_ms",
+            "cpu_s_per_1k",
+            "notes",
+        }
+        assert row["messages_per_s"] > 0
+    assert "raw-sqlite end-to-end" in report["rows"][0]["notes"]
+    assert "msg/s" in capsys.readouterr().out
+
+
+def test_an_unknown_bench_scenario_is_a_clear_error(capsys):
+    assert main(["bench", "nope"]) == 2
+    assert "unknown scenario 'nope'" in capsys.readouterr().err
