@@ -234,6 +234,11 @@ class Catalog:
                     f"message type {defn.name!r}: give a schema exactly when validation is "
                     "'json_schema'"
                 )
+            if defn.schema is not None and not isinstance(defn.schema, Mapping | bool):
+                raise InvalidDefinition(
+                    f"message type {defn.name!r}: a JSON schema is an object (dict), not "
+                    f"{type(defn.schema).__name__}"
+                )
             BodyValidator(defn)  # compiles (and so checks) the schema
         elif isinstance(defn, Contract):
             if not isinstance(defn.messages, Mapping) or not defn.messages:
@@ -254,7 +259,8 @@ class Catalog:
                         "'initiator', 'target' or 'any'"
                     )
         elif isinstance(defn, Queue):
-            if not isinstance(defn.poison_limit, int) or defn.poison_limit < 0:
+            limit = defn.poison_limit
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
                 raise InvalidDefinition(
                     f"queue {defn.name!r}: poison_limit must be an int >= 0 (0 turns poison "
                     f"detection off), got {defn.poison_limit!r}"
@@ -278,6 +284,10 @@ class Catalog:
         old = self.get(kind, name)
         if (kind, name) in self.BUILTIN:
             raise InvalidDefinition(f"built-in {kind.replace('_', ' ')} {name!r} cannot change")
+        if isinstance(changes.get("contracts"), str):
+            raise InvalidDefinition(
+                f"service {name!r}: contracts must be a list of names, not a string"
+            )
         if "name" in changes:
             raise InvalidDefinition("a definition's name cannot change; drop it and create anew")
         try:

@@ -585,6 +585,12 @@ class BrokerCore:
             self._transmit(b, ep, plan.notify, [plan.body])
         b.touch(ep)
         ep.state = plan.new_state
+        if (
+            ep.state is State.DISCONNECTED_OUTBOUND
+            and far is not None
+            and (far.state is State.CLOSED)
+        ):
+            self._close(b, ep)  # the far side closed on our EndDialog (an Echo target does)
         if ep.state is State.CLOSED:
             self._close(b, ep)
             if far is not None and far.state is State.DISCONNECTED_OUTBOUND:
@@ -902,7 +908,7 @@ class BrokerCore:
                 "lifetime": ep.expires_at,
                 "purge": ep.closed_at and ep.closed_at + self.limits.closed_retention_s,
             }
-            if current[kind] == at:
+            if kind == "purge-retry" or current[kind] == at:
                 due.append((no, kind))
         if due:
             self._run(lambda b: self._fire(b, due))
@@ -940,7 +946,12 @@ class BrokerCore:
                 self._enqueue_own(
                     b, ep, ERROR, error_body(LIFETIME_EXPIRED, "the dialog's lifetime ran out")
                 )
-            elif kind == "purge" and not self.locks.is_locked(ep.group_no):
+            elif kind == "purge" and self.locks.is_locked(ep.group_no):
+                retry = b.now + self.limits.closed_retention_s
+                b.after.append(
+                    lambda no=no, at=retry: heapq.heappush(self._timers, (at, no, "purge-retry"))
+                )
+            elif kind in ("purge", "purge-retry"):
                 self._remove_messages(b, ep)
                 self.store.delete_endpoint_transmission(ep.no)
                 b.dead_endpoints.append(ep)

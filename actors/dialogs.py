@@ -112,7 +112,7 @@ def plan_end(
     if ep.state in (State.DISCONNECTED_OUTBOUND, State.CLOSED):
         raise ConversationEnded(f"conversation {ep.handle} was already ended on this side")
     if error_code is not None:
-        if not isinstance(error_code, int) or error_code <= 0:
+        if not isinstance(error_code, int) or isinstance(error_code, bool) or error_code <= 0:
             raise InvalidArgument(f"error code must be a positive int, got {error_code!r}")
         if not isinstance(description, str) or not description:
             raise InvalidArgument("an error needs a non-empty description")

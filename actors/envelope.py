@@ -49,9 +49,21 @@ class Send:
             self, "handles", (handles,) if isinstance(handles, str) else tuple(handles)
         )
         object.__setattr__(self, "message_type", message_type)
-        object.__setattr__(
-            self, "bodies", (bodies,) if isinstance(bodies, bytes | bytearray) else tuple(bodies)
-        )
+        if isinstance(bodies, bytes | bytearray):
+            bodies = (bodies,)
+        elif isinstance(bodies, str) or not isinstance(bodies, Sequence):
+            raise InvalidArgument(
+                f"a message body must be bytes (or a list of bytes), not {type(bodies).__name__}"
+            )
+        if not all(type(body) is bytes for body in bodies):
+            bodies = tuple(map(_as_bytes, bodies))
+        object.__setattr__(self, "bodies", tuple(bodies))
+
+
+def _as_bytes(body: object) -> bytes:
+    if isinstance(body, bytes | bytearray):
+        return bytes(body)
+    raise InvalidArgument(f"message bodies must be bytes, not {type(body).__name__}")
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,11 @@ class Store:
     def tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; rolls back if the block raises."""
         assert not self._in_tx, "transactions do not nest"
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot begin a transaction on {self.path!r}: {exc}") from None
         self._in_tx = True
-        self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
         except BaseException:

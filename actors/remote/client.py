@@ -267,6 +267,14 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
     raise exc
 
 
+def _never_started(name: str, exc: Exception) -> None:
+    """A broker whose constructor failed (bad store path, say) will not come back: say so now."""
+    if isinstance(exc, ray.exceptions.ActorDiedError) and "creation task" in str(exc):
+        raise BrokerUnavailable(
+            f"broker {name!r} could not start; its constructor failed: {exc}"
+        ) from None
+
+
 class Broker(_Verbs):
     """A handle on one broker actor. Picklable: pass it to tasks and actors."""
 
@@ -291,6 +299,7 @@ class Broker(_Verbs):
             except ray.exceptions.RayTaskError as exc:
                 _reraise(exc)
             except _TRANSIENT as exc:
+                _never_started(self.name, exc)
                 if time.monotonic() + delay > deadline:
                     raise BrokerUnavailable(
                         f"broker {self.name!r} did not answer within {self.retry_s}s ({exc})"
@@ -317,6 +326,7 @@ class AsyncBroker(_Verbs):
             except ray.exceptions.RayTaskError as exc:
                 _reraise(exc)
             except _TRANSIENT as exc:
+                _never_started(self.name, exc)
                 if time.monotonic() + delay > deadline:
                     raise BrokerUnavailable(
                         f"broker {self.name!r} did not answer within {self._sync.retry_s}s ({exc})"

@@ -1,0 +1,230 @@
+"""What crosses actor calls: operations and received groups packed with msgpack, and back."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.catalog import DEFAULT, ERROR
+from actors.dialogs import error_body
+from actors.envelope import (
+    Begin,
+    End,
+    Message,
+    ReceivedGroup,
+    Send,
+    Timer,
+    pack_ops,
+    pack_received,
+    unpack_ops,
+    unpack_received,
+)
+from actors.errors import InvalidArgument
+
+# --- operations ------------------------------------------------------------------------------
+
+
+def test_send_takes_a_single_handle_as_a_one_handle_tuple():
+    assert Send("h-1", "M", [b"x"]).handles == ("h-1",)
+
+
+def test_send_takes_a_single_body_as_a_one_body_tuple():
+    assert Send(["h-1"], "M", b"x").bodies == (b"x",)
+    assert Send(["h-1"], "M", bytearray(b"x")).bodies == (bytearray(b"x"),)
+
+
+def test_send_keeps_several_handles_and_bodies_in_order_as_tuples():
+    op = Send(["h-1", "h-2"], "M", [b"a", b"b", b"c"])
+    assert op.handles == ("h-1", "h-2")
+    assert op.bodies == (b"a", b"b", b"c")
+
+
+def test_a_single_handle_or_body_equals_its_one_element_list_form():
+    assert Send("h-1", "M", b"x") == Send(["h-1"], "M", [b"x"])
+
+
+def test_begin_defaults_to_the_default_contract_and_a_fresh_uuid_handle():
+    a, b = Begin("From", "To"), Begin("From", "To")
+    assert a.contract == DEFAULT
+    assert a.handle != b.handle
+    assert str(uuid.UUID(a.handle)) == a.handle
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        Begin("From", "To"),
+        Begin("From", "To", "C", "h-1", "broker-2", "c-9", "g-9", 60.0),
+        Send("h-1", "M", b"body"),
+        Send(["h-1", "h-2"], "M", [b"", b"\x00\xff", b"x" * 100_000]),
+        End("h-1"),
+        End("h-1", 42, "bad order"),
+        End("h-1", cleanup=True),
+        Timer("h-1", 2.5),
+        Timer("h-1", 0),
+    ],
+    ids=repr,
+)
+def test_each_operation_survives_pack_and_unpack(op):
+    assert unpack_ops(pack_ops([op])) == [op]
+
+
+def test_a_batch_unpacks_to_the_same_operations_in_the_same_order():
+    ops = [
+        Begin("From", "To", handle="h-1"),
+        Send("h-1", "M", b"a"),
+        Timer("h-1", 5.0),
+        Send("h-1", "M", b"b"),
+        End("h-1"),
+    ]
+    assert unpack_ops(pack_ops(ops)) == ops
+
+
+def test_an_empty_batch_survives_pack_and_unpack():
+    assert unpack_ops(pack_ops([])) == []
+
+
+def test_bodies_are_bytes_after_unpacking_even_when_sent_as_bytearray():
+    (op,) = unpack_ops(pack_ops([Send("h-1", "M", bytearray(b"ab"))]))
+    assert op.bodies == (b"ab",)
+    assert type(op.bodies[0]) is bytes
+
+
+@pytest.mark.parametrize(
+    "thing", [object(), None, "Send", {"handle": "h-1"}, ("h-1", "M", b"x")], ids=repr
+)
+def test_an_object_that_is_not_an_operation_is_an_invalid_argument(thing):
+    with pytest.raises(InvalidArgument, match="is not an operation"):
+        pack_ops([Send("h-1", "M", b"x"), thing])
+
+
+def test_a_subclass_of_an_operation_is_not_an_operation():
+    class MySend(Send):
+        pass
+
+    with pytest.raises(InvalidArgument, match="is not an operation"):
+        pack_ops([MySend("h-1", "M", b"x")])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        object(),
+        {1, 2},
+        "text",
+        7,
+    ],
+    ids=repr,
+)
+def test_a_body_that_is_not_bytes_is_an_invalid_argument(body):
+    with pytest.raises(InvalidArgument, match="bodies must be bytes"):
+        pack_ops([Send("h-1", "M", [b"ok", body])])
+
+
+_text = st.text(max_size=20)
+_maybe_text = st.none() | _text
+_floats = st.floats(allow_nan=False)
+_ops = st.one_of(
+    st.builds(
+        Begin,
+        _text,
+        _text,
+        _text,
+        _text,
+        _maybe_text,
+        _maybe_text,
+        _maybe_text,
+        st.none() | _floats,
+    ),
+    st.builds(
+        Send,
+        _text | st.lists(_text, max_size=3),
+        _text,
+        st.binary(max_size=50) | st.lists(st.binary(max_size=50), max_size=3),
+    ),
+    st.builds(End, _text, st.none() | st.integers(-(2**63), 2**64 - 1), _text, st.booleans()),
+    st.builds(Timer, _text, _floats | st.integers(0, 2**31)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_ops, max_size=8))
+def test_any_batch_of_operations_survives_pack_and_unpack(ops):
+    assert unpack_ops(pack_ops(ops)) == ops
+
+
+# --- received messages -----------------------------------------------------------------------
+
+
+def _group(group_id: str = "g-1", state: bytes | None = b"st") -> ReceivedGroup:
+    return ReceivedGroup(
+        group_id=group_id,
+        lock_id="lock-1",
+        state=state,
+        endpoints={
+            3: ("h-3", "c-3", "Here", "There", "C"),
+            5: ("h-5", "c-5", "Here", "Elsewhere", DEFAULT),
+        },
+        rows=[
+            (10, 3, 0, "M", b"first", 1.0, 2.0),
+            (11, 5, 0, ERROR, error_body(42, "bad order"), 3.0, 4.0),
+            (12, 3, 1, "M", b"", 5.0, 6.0),
+        ],
+    )
+
+
+def test_a_received_group_turns_each_row_into_a_message_with_its_endpoint():
+    assert _group().messages[0] == Message(
+        queuing_order=10,
+        conversation_handle="h-3",
+        conversation_id="c-3",
+        conversation_group_id="g-1",
+        message_type="M",
+        body=b"first",
+        sequence_number=0,
+        service_name="Here",
+        far_service="There",
+        contract="C",
+        sent_at=1.0,
+        arrived_at=2.0,
+    )
+
+
+def test_a_received_group_keeps_its_messages_in_queue_order():
+    group = _group()
+    assert len(group) == 3
+    assert [m.queuing_order for m in group.messages] == [10, 11, 12]
+    assert [m.conversation_handle for m in group.messages] == ["h-3", "h-5", "h-3"]
+
+
+def test_an_error_message_decodes_its_code_and_description():
+    assert _group().messages[1].error == (42, "bad order")
+
+
+def test_a_message_of_another_type_has_no_error_even_if_its_body_looks_like_one():
+    message = Message(1, "h", "c", "g", "M", error_body(1, "x"), 0, "S", "F", "C", 0.0, 0.0)
+    assert message.error is None
+
+
+@pytest.mark.parametrize("state", [b"st", b"", None])
+def test_received_groups_survive_pack_and_unpack(state):
+    groups = [_group("g-1", state), _group("g-2", None)]
+    back = unpack_received(pack_received(groups))
+    assert len(back) == 2
+    for got, sent in zip(back, groups, strict=True):
+        assert (got.group_id, got.lock_id, got.state) == (sent.group_id, sent.lock_id, sent.state)
+        assert got.endpoints == sent.endpoints
+        assert got.messages == sent.messages
+        assert len(got) == len(sent)
+
+
+def test_an_empty_receive_survives_pack_and_unpack():
+    assert unpack_received(pack_received([])) == []
+
+
+def test_a_received_group_with_no_rows_has_no_messages():
+    group = ReceivedGroup("g-1", "lock-1", None, {}, [])
+    assert unpack_received(pack_received([group]))[0].messages == []

@@ -1,0 +1,425 @@
+"""The SQLite store, on :memory: and on a real file: transactions, durability, and every table."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from actors.errors import InvalidArgument, StoreError
+from actors.store import Store
+
+WAITING, RECEIVED = 0, 1
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    return str(tmp_path / "broker.sqlite")
+
+
+@pytest.fixture(params=["memory", "file"])
+def store(request, path) -> Iterator[Store]:
+    s = Store(":memory:" if request.param == "memory" else path)
+    yield s
+    s.close()
+
+
+def _msg(
+    id: int, group: int = 1, endpoint: int = 1, status: int = WAITING
+) -> tuple[int, int, int, int, str, bytes, int, float, float]:
+    """A messages row: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)."""
+    return (id, group, endpoint, id, "M", f"m{id}".encode(), status, float(id), float(id) + 0.5)
+
+
+def _fetched(id: int, endpoint: int = 1) -> tuple[int, int, int, str, bytes, float, float]:
+    """What fetch_group returns for `_msg(id, ..., endpoint)`."""
+    _, _, ep, seq, mt, body, _, sent, arrived = _msg(id, endpoint=endpoint)
+    return (id, ep, seq, mt, body, sent, arrived)
+
+
+def _ids(rows) -> list[int]:
+    return [r[0] for r in rows]
+
+
+def _all_messages(s: Store) -> list[tuple]:
+    return s.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
+
+
+def _endpoint_row(no: int, state: str = "CONVERSING") -> tuple:
+    return (
+        no,
+        f"h-{no}",
+        f"c-{no}",
+        1,
+        "Here",
+        "There",
+        "C",
+        1,
+        state,
+        2,
+        3,
+        10.5,
+        None,
+        None,
+        None,
+    )
+
+
+# --- opening ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("durability", ["fast", "FULL", "", None])
+def test_a_bad_durability_is_an_invalid_argument_and_creates_no_file(path, durability):
+    with pytest.raises(InvalidArgument):
+        Store(path, durability=durability)
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_a_store_opens_with_either_durability(path, durability):
+    s = Store(path, durability=durability)
+    sync = s.db.execute("PRAGMA synchronous").fetchone()[0]
+    s.close()
+    assert sync == {"normal": 1, "full": 2}[durability]
+
+
+def test_a_file_store_uses_write_ahead_logging(path):
+    s = Store(path)
+    mode = s.db.execute("PRAGMA journal_mode").fetchone()[0]
+    s.close()
+    assert mode == "wal"
+
+
+def test_a_store_that_cannot_be_opened_is_a_store_error(tmp_path):
+    with pytest.raises(StoreError, match="cannot open store"):
+        Store(str(tmp_path / "no-such-dir" / "broker.sqlite"))
+
+
+def test_a_new_store_is_empty(store):
+    assert store.load_catalog() == []
+    assert store.load_groups() == []
+    assert store.load_endpoints() == []
+    assert store.max_keys() == (0, 0, 0)
+    assert store.waiting_by_group() == []
+
+
+# --- transactions ----------------------------------------------------------------------------
+
+
+def test_a_transaction_commits_when_its_block_ends(store):
+    with store.tx():
+        store.set_meta("k", "v")
+        store.insert_messages([_msg(1)])
+    assert store.get_meta("k") == "v"
+    assert _ids(store.fetch_group(1, None)) == [1]
+
+
+def test_a_transaction_rolls_back_everything_when_its_block_raises(store):
+    with store.tx():
+        store.set_meta("k", "before")
+    with pytest.raises(RuntimeError, match="boom"), store.tx():
+        store.set_meta("k", "after")
+        store.put_definition("queue", "Q", {"name": "Q"})
+        store.insert_groups([(1, "g-1", "Q")])
+        store.insert_messages([_msg(1)])
+        store.put_request("r-1", 1.0, b"result")
+        raise RuntimeError("boom")
+    assert store.get_meta("k") == "before"
+    assert store.load_catalog() == []
+    assert store.load_groups() == []
+    assert _all_messages(store) == []
+    assert store.request_result("r-1") is None
+
+
+def test_a_store_takes_new_transactions_after_a_rollback(store):
+    with pytest.raises(RuntimeError), store.tx():
+        raise RuntimeError("boom")
+    with store.tx():
+        store.set_meta("k", "v")
+    assert store.get_meta("k") == "v"
+
+
+def test_a_committed_transaction_is_seen_by_another_connection_to_the_file(path):
+    writer, reader = Store(path), Store(path)
+    with writer.tx():
+        writer.set_meta("k", "v")
+    assert reader.get_meta("k") == "v"
+    writer.close()
+    reader.close()
+
+
+def test_a_transaction_that_could_not_begin_leaves_the_store_usable(path):
+    holder, other = Store(path), Store(path)
+    other.db.execute("PRAGMA busy_timeout=0")  # fail at once instead of waiting 5 s
+    with holder.tx(), pytest.raises(StoreError), other.tx():
+        pass
+    with other.tx():
+        other.set_meta("k", "v")
+    assert other.get_meta("k") == "v"
+    holder.close()
+    other.close()
+
+
+def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
+    s = Store(path)
+    with s.tx():
+        s.set_meta("broker_id", "b-1")
+        s.put_definition("queue", "Q", {"name": "Q", "enabled": True})
+        s.insert_groups([(1, "g-1", "Q")])
+        s.set_group_states([(b"state", 1)])
+        s.upsert_endpoints([_endpoint_row(1)])
+        s.insert_messages([_msg(1), _msg(2, status=RECEIVED)])
+        s.insert_transmission([(1, 0, "M", b"t", "There", None, "pending", 1.0)])
+        s.put_request("r-1", 1.0, b"result")
+    s.close()
+
+    s = Store(path)
+    assert s.get_meta("broker_id") == "b-1"
+    assert s.load_catalog() == [("queue", {"name": "Q", "enabled": True})]
+    assert s.load_groups() == [(1, "g-1", "Q")]
+    assert s.group_state(1) == b"state"
+    assert s.load_endpoints() == [_endpoint_row(1)]
+    assert _all_messages(s) == [_msg(1), _msg(2, status=RECEIVED)]
+    assert _ids(s.transmission_for("There")) == [1]
+    assert s.request_result("r-1") == b"result"
+    assert s.max_keys() == (1, 1, 2)
+    s.close()
+
+
+# --- meta and catalog ------------------------------------------------------------------------
+
+
+def test_meta_values_are_set_replaced_and_missing_keys_are_none(store):
+    assert store.get_meta("k") is None
+    store.set_meta("k", "1")
+    store.set_meta("k", "2")
+    assert store.get_meta("k") == "2"
+
+
+def test_the_catalog_reloads_in_creation_order_even_after_an_update(store):
+    store.put_definition("message_type", "M", {"name": "M"})
+    store.put_definition("queue", "Q", {"name": "Q", "enabled": True})
+    store.put_definition("service", "S", {"name": "S", "queue": "Q"})
+    store.put_definition("queue", "Q", {"name": "Q", "enabled": False})
+    assert store.load_catalog() == [
+        ("message_type", {"name": "M"}),
+        ("queue", {"name": "Q", "enabled": False}),
+        ("service", {"name": "S", "queue": "Q"}),
+    ]
+
+
+def test_the_same_name_may_be_used_by_different_kinds(store):
+    store.put_definition("message_type", "X", {"name": "X"})
+    store.put_definition("contract", "X", {"name": "X", "messages": {"X": "any"}})
+    assert [kind for kind, _ in store.load_catalog()] == ["message_type", "contract"]
+
+
+def test_a_deleted_definition_does_not_reload(store):
+    store.put_definition("queue", "Q", {"name": "Q"})
+    store.put_definition("queue", "R", {"name": "R"})
+    store.delete_definition("queue", "Q")
+    assert store.load_catalog() == [("queue", {"name": "R"})]
+
+
+# --- groups and endpoints --------------------------------------------------------------------
+
+
+def test_groups_keep_their_state_until_deleted(store):
+    store.insert_groups([(1, "g-1", "Q"), (2, "g-2", "Q")])
+    assert store.group_state(1) is None
+    store.set_group_states([(b"one", 1), (b"two", 2)])
+    store.set_group_states([(None, 2)])
+    assert (store.group_state(1), store.group_state(2)) == (b"one", None)
+    store.delete_groups([1])
+    assert store.load_groups() == [(2, "g-2", "Q")]
+    assert store.group_state(1) is None
+
+
+def test_upserting_an_endpoint_replaces_its_row(store):
+    store.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
+    store.upsert_endpoints([_endpoint_row(1, "CLOSED")])
+    assert sorted(store.load_endpoints()) == [_endpoint_row(1, "CLOSED"), _endpoint_row(2)]
+    store.delete_endpoints([1])
+    assert store.load_endpoints() == [_endpoint_row(2)]
+
+
+def test_max_keys_are_the_highest_endpoint_group_and_message_numbers(store):
+    store.upsert_endpoints([_endpoint_row(4), _endpoint_row(2)])
+    store.insert_groups([(7, "g-7", "Q")])
+    store.insert_messages([_msg(9), _msg(3)])
+    assert store.max_keys() == (4, 7, 9)
+
+
+# --- queue messages --------------------------------------------------------------------------
+
+
+def test_fetch_group_returns_waiting_messages_of_the_group_in_queue_order(store):
+    store.insert_messages(
+        [_msg(5), _msg(2), _msg(3, group=2), _msg(4, status=RECEIVED), _msg(1, endpoint=2)]
+    )
+    assert store.fetch_group(1, None) == [_fetched(1, endpoint=2), _fetched(2), _fetched(5)]
+
+
+def test_fetch_group_returns_at_most_limit_messages(store):
+    store.insert_messages([_msg(i) for i in range(1, 6)])
+    assert _ids(store.fetch_group(1, 2)) == [1, 2]
+
+
+def test_fetch_group_starts_after_the_given_id(store):
+    store.insert_messages([_msg(i) for i in range(1, 6)])
+    assert _ids(store.fetch_group(1, None, after_id=3)) == [4, 5]
+    assert _ids(store.fetch_group(1, 1, after_id=3)) == [4]
+    assert store.fetch_group(1, None, after_id=5) == []
+
+
+def test_remove_received_without_retention_deletes_the_waiting_messages_in_range(store):
+    store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(6, group=2)])
+    store.remove_received(1, 2, 4, retain=False)
+    assert _ids(_all_messages(store)) == [1, 5, 6]
+
+
+def test_remove_received_with_retention_marks_the_messages_received_and_keeps_them(store):
+    store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(13, group=2)])
+    store.remove_received(1, 2, 4, retain=True)
+    assert _ids(store.fetch_group(1, None)) == [1, 5]
+    statuses = {row[0]: row[6] for row in _all_messages(store)}
+    assert statuses == {1: WAITING, 2: RECEIVED, 3: RECEIVED, 4: RECEIVED, 5: WAITING, 13: WAITING}
+
+
+def test_remove_received_leaves_other_groups_alone(store):
+    store.insert_messages([_msg(1), _msg(2, group=2), _msg(3)])
+    store.remove_received(1, 1, 3, retain=False)
+    assert _ids(_all_messages(store)) == [2]
+
+
+def test_delete_conversation_messages_counts_only_the_waiting_ones_but_deletes_all(store):
+    store.insert_messages(
+        [
+            _msg(1, endpoint=1),
+            _msg(2, endpoint=1, status=RECEIVED),
+            _msg(3, endpoint=2),
+            _msg(4, endpoint=1),
+            _msg(5, endpoint=1, group=2),
+        ]
+    )
+    assert store.delete_conversation_messages(1, 1) == 2
+    assert _ids(_all_messages(store)) == [3, 5]
+
+
+def test_delete_conversation_messages_of_a_conversation_with_nothing_waiting_counts_zero(store):
+    store.insert_messages([_msg(1, status=RECEIVED)])
+    assert store.delete_conversation_messages(1, 1) == 0
+    assert _all_messages(store) == []
+
+
+def test_move_messages_moves_an_endpoints_messages_and_returns_the_waiting_ids(store):
+    store.insert_messages(
+        [
+            _msg(3, endpoint=1),
+            _msg(1, endpoint=1),
+            _msg(2, endpoint=1, status=RECEIVED),
+            _msg(4, endpoint=2),
+        ]
+    )
+    assert store.move_messages(1, old_group=1, new_group=9) == [1, 3]
+    groups = {row[0]: row[1] for row in _all_messages(store)}
+    assert groups == {1: 9, 2: 9, 3: 9, 4: 1}
+    assert _ids(store.fetch_group(9, None)) == [1, 3]
+
+
+def test_waiting_by_group_counts_waiting_messages_and_finds_the_first(store):
+    store.insert_messages(
+        [
+            _msg(1, status=RECEIVED),
+            _msg(2),
+            _msg(3),
+            _msg(4, group=2),
+            _msg(5, group=3, status=RECEIVED),
+        ]
+    )
+    assert sorted(store.waiting_by_group()) == [(1, 2, 2), (2, 1, 4)]
+
+
+def test_queue_rows_lists_the_groups_messages_in_queue_order_with_group_and_status(store):
+    store.insert_messages([_msg(3, group=2), _msg(1), _msg(2, status=RECEIVED), _msg(4, group=3)])
+    rows = store.queue_rows([2, 1], limit=10)
+    assert [(r[0], r[7], r[8]) for r in rows] == [
+        (1, 1, WAITING),
+        (2, 1, RECEIVED),
+        (3, 2, WAITING),
+    ]
+
+
+def test_queue_rows_over_many_groups_returns_the_oldest_up_to_the_limit(store):
+    store.insert_messages([_msg(i, group=i) for i in range(1, 1201)])
+    rows = store.queue_rows(list(range(1200, 0, -1)), limit=1100)
+    assert _ids(rows) == list(range(1, 1101))
+
+
+# --- transmission queue ----------------------------------------------------------------------
+
+
+def test_transmission_rows_are_kept_per_service_in_order_until_deleted(store):
+    store.insert_transmission(
+        [
+            (1, 0, "M", b"a", "There", None, "pending", 1.0),
+            (2, 0, "M", b"bb", "Elsewhere", "b-2", "pending", 2.0),
+            (1, 1, "M", b"c", "There", None, "pending", 3.0),
+        ]
+    )
+    assert store.transmission_for("There") == [(1, 1, 0, "M", b"a", 1.0), (3, 1, 1, "M", b"c", 3.0)]
+    store.delete_transmission([1])
+    assert _ids(store.transmission_for("There")) == [3]
+    store.delete_endpoint_transmission(1)
+    assert store.transmission_for("There") == []
+    assert store.transmission_rows(10) == [(2, 2, 0, "M", 2, "Elsewhere", "b-2", "pending", 2.0)]
+
+
+# --- events, audit, request ids --------------------------------------------------------------
+
+
+def test_events_are_read_after_an_id_up_to_a_limit(store):
+    store.insert_events([(float(i), "kind", f"s{i}", "{}") for i in range(1, 6)])
+    assert _ids(store.events(after_id=2, limit=2)) == [3, 4]
+    assert store.events(after_id=4, limit=10) == [(5, 5.0, "kind", "s5", "{}")]
+
+
+def test_audit_rows_are_read_after_an_id_up_to_a_limit(store):
+    for i in range(1, 6):
+        store.insert_audit(float(i), f"p{i}".encode())
+    assert store.audit_rows(after_id=1, limit=2) == [(2, 2.0, b"p2"), (3, 3.0, b"p3")]
+
+
+@pytest.mark.parametrize("table", ["events", "audit"])
+def test_prune_keeps_only_the_newest_rows(store, table):
+    for i in range(1, 11):
+        if table == "events":
+            store.insert_events([(float(i), "k", "s", "{}")])
+        else:
+            store.insert_audit(float(i), b"p")
+    store.prune(table, 3)
+    read = store.events if table == "events" else store.audit_rows
+    assert _ids(read(0, 100)) == [8, 9, 10]
+    store.prune(table, 5)
+    assert _ids(read(0, 100)) == [8, 9, 10]
+
+
+def test_prune_of_an_empty_table_is_harmless(store):
+    store.prune("events", 3)
+    assert store.events(0, 10) == []
+
+
+def test_a_request_result_is_found_by_its_id(store):
+    store.put_request("r-1", 1.0, b"one")
+    store.put_request("r-2", 2.0, b"two")
+    assert store.request_result("r-1") == b"one"
+    assert store.request_result("r-2") == b"two"
+    assert store.request_result("r-3") is None
+
+
+def test_prune_requests_forgets_only_requests_older_than_the_cutoff(store):
+    for i in range(1, 5):
+        store.put_request(f"r-{i}", float(i), b"x")
+    store.prune_requests(before=3.0)
+    assert [store.request_result(f"r-{i}") for i in range(1, 5)] == [None, None, b"x", b"x"]
