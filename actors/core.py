@@ -34,6 +34,7 @@ from .catalog import (
     to_record,
 )
 from .dialogs import (
+    CONTRACT_NOT_ACCEPTED,
     CONVERSATION_CLEANED_UP,
     LIFETIME_EXPIRED,
     Endpoint,
@@ -469,6 +470,11 @@ class BrokerCore:
         svc = self.catalog.services.get(ep.far_service)
         if svc is None or ep.far_broker not in (None, self.broker_id):
             return None
+        if ep.contract not in svc.contracts:
+            raise ContractViolation(
+                f"service {svc.name!r} does not accept contract {ep.contract!r} (its contracts "
+                f"changed after the dialog began); end conversation {ep.handle}"
+            )
         return self._new_endpoint(
             b,
             handle=str(uuid.uuid4()),
@@ -502,22 +508,32 @@ class BrokerCore:
         rows = self.store.transmission_for(service)
         if not rows:
             return
-        done: list[int] = []
-        for tid, ep_no, seq, mt, body, _at in rows:
-            ep = self._eps.get(ep_no)
-            far = (
-                None
-                if ep is None
-                else self._far(ep) or (self._create_target(b, ep) if seq == 0 else None)
-            )
-            if ep is None or far is None:
-                continue
-            self._deliver(b, far, mt, [body], seq)
-            done.append(tid)
-        self.store.delete_transmission(done)
-        for ep_no in {r[1] for r in rows}:
+        waiting: dict[int, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            waiting.setdefault(row[1], []).append(row)
+        svc = self.catalog.service(service)
+        for ep_no, ep_rows in waiting.items():
             self._parked.discard(ep_no)
             b.undo.append(lambda n=ep_no: self._parked.add(n))
+            ep = self._eps.get(ep_no)
+            if ep is None:
+                continue  # the endpoint is gone; what waited for it goes with it
+            far = self._far(ep)
+            if far is None and ep.contract not in svc.contracts:
+                self._enqueue_own(
+                    b,
+                    ep,
+                    ERROR,
+                    error_body(
+                        CONTRACT_NOT_ACCEPTED,
+                        f"service {service!r} does not accept contract {ep.contract!r}",
+                    ),
+                )
+                continue
+            far = far or self._create_target(b, ep)
+            for _tid, _ep, seq, mt, body, _at in ep_rows:
+                self._deliver(b, far, mt, [body], seq)
+        self.store.delete_transmission(row[0] for row in rows)
 
     def _deliver(
         self, b: _Batch, far: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
@@ -645,6 +661,8 @@ class BrokerCore:
         now = self.clock()
         if lock_id is not None:
             lock = self._held([lock_id])[0]
+            if lock.queue != queue:
+                raise InvalidArgument(f"lock {lock_id} is on queue {lock.queue!r}, not {queue!r}")
             return [self._take(lock, self.store.fetch_group(lock.group, top, lock.last_id))]
         target = self._target_group(queue, group_id, handle)
         out: list[ReceivedGroup] = []
@@ -743,9 +761,10 @@ class BrokerCore:
         all in one transaction. Rolling back returns the messages to the queue."""
         if request_id is not None and self.store.request_result(request_id) is not None:
             return self._run(lambda b: None, request_id)  # already applied: same answer
-        both = set(commit) & set(rollback)
-        if both:
-            raise InvalidArgument(f"lock(s) {sorted(both)} are both committed and rolled back")
+        named = [*commit, *rollback]
+        if len(set(named)) != len(named):
+            twice = sorted({x for x in named if named.count(x) > 1})
+            raise InvalidArgument(f"lock(s) {twice} are named more than once in one settle")
         committing = self._held(commit)
         rolling = self._held(rollback)
         by_gid = {self._groups[lk.group].group_id: lk for lk in committing}

@@ -138,6 +138,7 @@ def parse_error_body(body: bytes) -> tuple[int, str]:
 # Error codes the broker itself raises (negative, as Service Broker's are).
 LIFETIME_EXPIRED = -8489
 CONVERSATION_CLEANED_UP = -8470
+CONTRACT_NOT_ACCEPTED = -8408
 
 
 class InboundSequencer:

@@ -11,3 +11,115 @@ def _no_ray(monkeypatch):
         raise AssertionError("unit tests must not start Ray; put this test under integration/")
 
     monkeypatch.setattr(ray, "init", refuse)
+
+
+# --- BrokerCore fixtures (tests/unit/test_core*.py) -------------------------------------------
+# One broker with a small catalog: "Init" (queue InitQ) begins dialogs on contract "C" with
+# "Target" (TargetQ), "Retain" (RetainQ, retention on) or "Poison" (PoisonQ, poison_limit=3);
+# "EchoSvc" accepts the built-in Echo contract.
+
+from dataclasses import dataclass  # noqa: E402
+
+from actors.catalog import Contract, MessageType, Queue, Service  # noqa: E402
+from actors.core import BrokerCore, Limits  # noqa: E402
+from actors.envelope import Begin, Send  # noqa: E402
+from actors.store import Store  # noqa: E402
+from tests.fakes import FakeClock  # noqa: E402
+
+CORE_SCHEMA = {
+    "type": "object",
+    "required": ["n"],
+    "properties": {"n": {"type": "integer"}},
+}
+
+
+def define_core_catalog(core: BrokerCore) -> None:
+    core.create(MessageType("Req"))
+    core.create(MessageType("Reply"))
+    core.create(MessageType("Json", "json"))
+    core.create(MessageType("Shaped", "json_schema", CORE_SCHEMA))
+    core.create(
+        Contract("C", {"Req": "initiator", "Reply": "target", "Json": "any", "Shaped": "any"})
+    )
+    for q in (Queue("InitQ"), Queue("TargetQ"), Queue("RetainQ", retention=True)):
+        core.create(q)
+    core.create(Queue("PoisonQ", poison_limit=3))
+    core.create(Service("Init", "InitQ"))
+    core.create(Service("Target", "TargetQ", ("C",)))
+    core.create(Service("Retain", "RetainQ", ("C",)))
+    core.create(Service("Poison", "PoisonQ", ("C",)))
+    core.create(Service("EchoSvc", "TargetQ", ("Echo",)))
+
+
+@pytest.fixture
+def core_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_core(core_clock):
+    """make_core(path=":memory:", limits=None, catalog=True): a BrokerCore on `path` with the fake
+    clock. catalog=False reopens an existing file as it is (a restart)."""
+    stores: list[Store] = []
+
+    def make(path: str = ":memory:", limits: Limits | None = None, catalog: bool = True):
+        store = Store(str(path))
+        stores.append(store)
+        core = BrokerCore(store, core_clock, limits or Limits())
+        if catalog:
+            define_core_catalog(core)
+        return core
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def core(make_core) -> BrokerCore:
+    return make_core()
+
+
+@dataclass
+class CoreDialog:
+    init: str  # the initiator's handle (service Init)
+    target: str  # the target's handle
+    conversation_id: str
+
+
+def open_core_dialog(
+    core: BrokerCore, to: str = "Target", bodies=(b"hello",), **begin
+) -> CoreDialog:
+    """Begin a dialog from Init to `to` on contract C and send `bodies` as Req (at least one, so
+    the target endpoint exists)."""
+    op = Begin("Init", to, "C", **begin)
+    core.apply([op, Send(op.handle, "Req", list(bodies))])
+    conv = next(e for e in core.endpoints_view() if e["conversation_handle"] == op.handle)
+    target = next(
+        e
+        for e in core.endpoints_view()
+        if e["conversation_id"] == conv["conversation_id"] and not e["is_initiator"]
+    )
+    return CoreDialog(op.handle, target["conversation_handle"], conv["conversation_id"])
+
+
+@pytest.fixture
+def open_dialog():
+    return open_core_dialog
+
+
+def core_snapshot(core: BrokerCore) -> dict:
+    """Everything a verb may change, as the views show it."""
+    return {
+        "endpoints": sorted(core.endpoints_view(), key=lambda e: e["conversation_handle"]),
+        "queues": core.queues_view(),
+        "rows": {q: core.queue_view(q) for q in core.catalog.queues},
+        "groups": sorted(core.groups_view(), key=lambda g: g["conversation_group_id"]),
+        "transmission": core.transmission_view(),
+        "definitions": core.definitions(),
+    }
+
+
+@pytest.fixture
+def snapshot():
+    return core_snapshot
