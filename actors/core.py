@@ -58,6 +58,7 @@ from .errors import (
 )
 from .locks import Lock, LockTable, QueueIndex
 from .poison import PoisonCounter
+from .readcache import ROW_OVERHEAD, ReadCache
 from .store import Store
 
 Clock = Callable[[], float]
@@ -71,6 +72,7 @@ class Limits:
     audit_rows: int = 100_000  # one row per committed receive batch
     event_rows: int = 10_000
     request_retention_s: float = 3600.0  # how long a retried call is recognised
+    read_cache_bytes: int = 256 << 20  # waiting messages kept in memory for receive
 
 
 @dataclass
@@ -87,8 +89,10 @@ class _Batch:
 
     now: float
     messages: list[tuple[Any, ...]] = field(default_factory=list)
-    arrivals: list[tuple[str, int, int, int]] = field(default_factory=list)  # q, g, first, n
-    removals: list[tuple[str, int, int]] = field(default_factory=list)  # q, g, n
+    # queue, group, first id, count, and where the rows are in `messages` (-1: not there)
+    arrivals: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
+    # queue, group, count, and whether they were the group's oldest (a commit)
+    removals: list[tuple[str, int, int, bool]] = field(default_factory=list)
     transmission: list[tuple[Any, ...]] = field(default_factory=list)
     touched: dict[int, Endpoint] = field(default_factory=dict)  # no -> snapshot before change
     new_endpoints: list[Endpoint] = field(default_factory=list)
@@ -114,6 +118,7 @@ class BrokerCore:
         self.catalog = Catalog()
         self.locks = LockTable(self.limits.lease_s)
         self.poison = PoisonCounter()
+        self.cache = ReadCache(self.limits.read_cache_bytes)
         # Hooks the actor sets: wake receivers waiting on a queue; surface an event.
         self.notify: Callable[[str], None] = lambda queue: None
         self.on_event: Callable[[str, str, str], None] = lambda kind, subject, detail: None
@@ -224,12 +229,17 @@ class BrokerCore:
     def _apply(self, b: _Batch) -> None:
         """After commit: bring the in-memory indexes up to date and wake receivers."""
         woken: set[str] = set()
-        for queue, g, n in b.removals:
+        for queue, g, n, oldest in b.removals:
             self._index.setdefault(queue, QueueIndex()).remove(g, n)
-        for queue, g, first, n in b.arrivals:
-            self._index.setdefault(queue, QueueIndex()).add(
-                g, first, n, locked=self.locks.is_locked(g)
-            )
+            if oldest:  # a commit took the group's oldest messages
+                self.cache.consumed(g, n)
+        for queue, g, first, n, at, nbytes in b.arrivals:
+            idx = self._index.setdefault(queue, QueueIndex())
+            if at >= 0:
+                self.cache.arrived(g, b.messages[at : at + n], nbytes, not idx.pending.get(g))
+            else:
+                self.cache.drop(g)
+            idx.add(g, first, n, locked=self.locks.is_locked(g))
             woken.add(queue)
         for ep in b.dead_endpoints:
             self._drop_endpoint(ep)
@@ -565,11 +575,13 @@ class BrokerCore:
         first_id = self._next_msg
         self._next_msg += len(bodies)
         now, g = b.now, ep.group_no
+        at = len(b.messages)
         b.messages += [
             (first_id + i, g, ep.no, first_seq + i, mt, body, 0, now, now)
             for i, body in enumerate(bodies)
         ]
-        b.arrivals.append((self._groups[g].queue, g, first_id, len(bodies)))
+        nbytes = sum(map(len, bodies)) + ROW_OVERHEAD * len(bodies)
+        b.arrivals.append((self._groups[g].queue, g, first_id, len(bodies), at, nbytes))
 
     def _enqueue_own(self, b: _Batch, ep: Endpoint, mt: str, body: bytes) -> None:
         """A message the broker itself puts on this endpoint's queue (timer, error)."""
@@ -619,9 +631,10 @@ class BrokerCore:
         ep.timer_at = None
 
     def _remove_messages(self, b: _Batch, ep: Endpoint) -> None:
+        self.cache.drop(ep.group_no)
         n = self.store.delete_conversation_messages(ep.group_no, ep.no)
         if n:
-            b.removals.append((self._groups[ep.group_no].queue, ep.group_no, n))
+            b.removals.append((self._groups[ep.group_no].queue, ep.group_no, n, False))
 
     def _timer(self, b: _Batch, op: Timer) -> None:
         ep = self._endpoint(op.handle)
@@ -663,7 +676,10 @@ class BrokerCore:
             lock = self._held([lock_id])[0]
             if lock.queue != queue:
                 raise InvalidArgument(f"lock {lock_id} is on queue {lock.queue!r}, not {queue!r}")
-            return [self._take(lock, self.store.fetch_group(lock.group, top, lock.last_id))]
+            rows = self.cache.take(lock.group, lock.count, top)
+            if rows is None:
+                rows = self.store.fetch_group(lock.group, top, lock.last_id)
+            return [self._take(lock, rows)]
         target = self._target_group(queue, group_id, handle)
         out: list[ReceivedGroup] = []
         while len(out) < max_groups:
@@ -677,7 +693,9 @@ class BrokerCore:
                 if popped is None:
                     break
                 key, g = popped
-            rows = self.store.fetch_group(g, top)
+            rows = self.cache.take(g, 0, top)
+            if rows is None:
+                rows = self.store.fetch_group(g, top)
             if not rows:  # the index was ahead of the store; it is now corrected
                 idx.remove(g, idx.pending.get(g, 0))
                 continue
@@ -783,7 +801,7 @@ class BrokerCore:
                 retain = self.catalog.queue(lk.queue).retention
                 if lk.count:
                     self.store.remove_received(lk.group, lk.first_id, lk.last_id, retain)
-                    b.removals.append((lk.queue, lk.group, lk.count))
+                    b.removals.append((lk.queue, lk.group, lk.count, True))
                     audit.append(self._audit_record(lk, b.now))
             result = self._apply_ops(b, ops, held=frozenset(by_gid[g].group for g in by_gid))
             if states:
@@ -893,8 +911,9 @@ class BrokerCore:
             b.undo.append(lambda: self._move_members(new, old))
             if ids:
                 queue = self._groups[old].queue
-                b.removals.append((queue, old, len(ids)))
-                b.arrivals.append((queue, new, ids[0], len(ids)))
+                b.removals.append((queue, old, len(ids), False))
+                b.arrivals.append((queue, new, ids[0], len(ids), -1, 0))
+            self.cache.drop(old)
 
         self._run(fn)
 
