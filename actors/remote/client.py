@@ -267,12 +267,26 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
     raise exc
 
 
-def _never_started(name: str, exc: Exception) -> None:
-    """A broker whose constructor failed (bad store path, say) will not come back: say so now."""
-    if isinstance(exc, ray.exceptions.ActorDiedError) and "creation task" in str(exc):
-        raise BrokerUnavailable(
-            f"broker {name!r} could not start; its constructor failed: {exc}"
-        ) from None
+class _Backoff:
+    """How long to wait before retrying a call to a restarting broker, until `retry_s` is up."""
+
+    def __init__(self, name: str, retry_s: float) -> None:
+        self.name, self.retry_s = name, retry_s
+        self.deadline = time.monotonic() + retry_s
+        self.delay = 0.05
+
+    def after(self, exc: Exception) -> float:
+        if isinstance(exc, ray.exceptions.ActorDiedError) and "creation task" in str(exc):
+            # its constructor failed (a bad store path, say): it will not come back
+            raise BrokerUnavailable(
+                f"broker {self.name!r} could not start; its constructor failed: {exc}"
+            ) from None
+        if time.monotonic() + self.delay > self.deadline:
+            raise BrokerUnavailable(
+                f"broker {self.name!r} did not answer within {self.retry_s}s ({exc})"
+            ) from None
+        delay, self.delay = self.delay, min(self.delay * 2, 1.0)
+        return delay
 
 
 class Broker(_Verbs):
@@ -291,21 +305,14 @@ class Broker(_Verbs):
         return Broker, (self.actor, self.name, self.namespace, self.retry_s)
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        deadline = time.monotonic() + self.retry_s
-        delay = 0.05
+        backoff = _Backoff(self.name, self.retry_s)
         while True:
             try:
                 result = ray.get(getattr(self.actor, method).remote(*args))
             except ray.exceptions.RayTaskError as exc:
                 _reraise(exc)
             except _TRANSIENT as exc:
-                _never_started(self.name, exc)
-                if time.monotonic() + delay > deadline:
-                    raise BrokerUnavailable(
-                        f"broker {self.name!r} did not answer within {self.retry_s}s ({exc})"
-                    ) from None
-                time.sleep(delay)  # the actor is restarting; back off and retry
-                delay = min(delay * 2, 1.0)
+                time.sleep(backoff.after(exc))  # the actor is restarting
                 continue
             return post(result) if post else result
 
@@ -318,21 +325,14 @@ class AsyncBroker(_Verbs):
         self.name = sync.name
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        deadline = time.monotonic() + self._sync.retry_s
-        delay = 0.05
+        backoff = _Backoff(self.name, self._sync.retry_s)
         while True:
             try:
                 result = await getattr(self._sync.actor, method).remote(*args)
             except ray.exceptions.RayTaskError as exc:
                 _reraise(exc)
             except _TRANSIENT as exc:
-                _never_started(self.name, exc)
-                if time.monotonic() + delay > deadline:
-                    raise BrokerUnavailable(
-                        f"broker {self.name!r} did not answer within {self._sync.retry_s}s ({exc})"
-                    ) from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(backoff.after(exc))
                 continue
             return post(result) if post else result
 

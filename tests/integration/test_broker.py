@@ -8,11 +8,12 @@ import json
 import pytest
 import ray
 
-from actors import Begin, End, MessageType, Queue, Send, Service, connect
+from actors import Begin, End, MessageType, Queue, Send, Service, connect, start_broker
 from actors.envelope import unpack_received
 from actors.errors import (
     AlreadyExists,
     BodyTooLarge,
+    BrokerUnavailable,
     ContractViolation,
     ConversationEnded,
     ConversationNotFound,
@@ -465,3 +466,10 @@ def test_the_views_show_endpoints_queues_groups_and_an_empty_transmission_queue(
     broker.commit(g)
     [rec] = broker.audit()
     assert rec["sequence_number"] == 0 and rec["queue"] == "FulfilmentQueue"
+
+
+def test_a_broker_whose_store_cannot_open_says_so_at_once(ray_session, tmp_path):
+    with pytest.raises(BrokerUnavailable, match="could not start"):
+        start_broker(
+            f"bad-{tmp_path.name}", str(tmp_path / "no" / "such" / "dir.sqlite"), retry_s=60
+        )
