@@ -71,7 +71,7 @@ class Limits:
     closed_retention_s: float = 60.0  # closed endpoints linger so late use gets a clear error
     audit_rows: int = 100_000  # one row per committed receive batch
     event_rows: int = 10_000
-    request_retention_s: float = 3600.0  # how long a retried call is recognised
+    request_retention_s: float = 600.0  # how long a retried call is recognised (clients: 60 s)
     read_cache_bytes: int = 256 << 20  # waiting messages kept in memory for receive
 
 
@@ -244,8 +244,12 @@ class BrokerCore:
         for ep in b.dead_endpoints:
             self._drop_endpoint(ep)
             self._parked.discard(ep.no)
-        for ep in [*b.new_endpoints, *(self._eps[n] for n in b.touched if n in self._eps)]:
+        for ep in b.new_endpoints:
             self._schedule(ep)
+        for no, before in b.touched.items():
+            ep = self._eps.get(no)
+            if ep is not None and _due_times(ep) != _due_times(before):
+                self._schedule(ep)
         for fn in b.after:
             fn()
         for _, kind, subject, detail in b.events:
@@ -1164,6 +1168,10 @@ class BrokerCore:
                         }
                     )
         return out
+
+
+def _due_times(ep: Endpoint) -> tuple[float | None, float | None, float | None]:
+    return ep.timer_at, ep.expires_at, ep.closed_at
 
 
 def _endpoint_row(ep: Endpoint) -> tuple[Any, ...]:
