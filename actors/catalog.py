@@ -6,6 +6,7 @@ Plain Python, no Ray. `Catalog` is the registry one broker holds; every change g
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -73,15 +74,75 @@ class Contract:
     messages: Mapping[str, str] = field(default_factory=dict)  # message type -> SIDES
 
 
+PLACEMENTS = ("pool", "internal")
+
+
+@dataclass(frozen=True)
+class Activation:
+    """How a queue starts its own readers (Service Broker's activation).
+
+    handler: "module:function", or a module-level function (kept by its path). It is called as
+    `handler(group, ctx)` for each received conversation group; what it does through `ctx`
+    (send, end, begin, set_state) commits with the receive, and if it raises the group rolls back.
+    placement: "pool" (reader actors, spread over the cluster) or "internal" (in the broker's
+    process: no actor call per batch, for small fast handlers). A reader that finds nothing for
+    `idle_timeout` seconds exits; a handler that runs past `lease` seconds loses its groups.
+    """
+
+    handler: str
+    max_readers: int = 1
+    idle_timeout: float = 5.0
+    placement: str = "pool"
+    enabled: bool = True
+    max_groups: int = 8
+    lease: float = 30.0
+
+    def __post_init__(self) -> None:
+        if callable(self.handler):
+            object.__setattr__(self, "handler", handler_path(self.handler))
+
+
+def handler_path(fn: Any) -> str:
+    """The "module:function" path of a module-level function; refused for anything else."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        raise InvalidDefinition(
+            f"handler {fn!r} is not importable by name (a lambda, a nested function or one "
+            "defined in __main__); define it at module level in an importable module"
+        )
+    return f"{module}:{qualname}"
+
+
+def resolve_handler(path: str) -> Any:
+    """Import a "module:function" handler; InvalidDefinition if it does not import."""
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise InvalidDefinition(f"handler {path!r} must be 'module:function'")
+    module_name, attr = path.split(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:  # any import-time failure is the definition's problem
+        raise InvalidDefinition(
+            f"handler {path!r} does not import ({type(exc).__name__}: {exc}); check the module "
+            "is installed on every node and the function name is right"
+        ) from None
+    if not callable(obj):
+        raise InvalidDefinition(f"handler {path!r} is not callable")
+    return obj
+
+
 @dataclass(frozen=True)
 class Queue:
     """A durable queue. `poison_limit` rollbacks in a row disable it; with `retention` received
-    messages are kept (marked received) until their conversation ends."""
+    messages are kept (marked received) until their conversation ends; with `activation` the
+    broker starts readers for it."""
 
     name: str
     enabled: bool = True
     retention: bool = False
     poison_limit: int = 5
+    activation: Activation | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +187,8 @@ def from_record(kind: str, rec: Mapping[str, Any]) -> Definition:
     if cls is Service:
         rec["contracts"] = tuple(rec.get("contracts", ()))
     try:
+        if cls is Queue and isinstance(rec.get("activation"), Mapping):
+            rec["activation"] = Activation(**rec["activation"])
         return cls(**rec)
     except TypeError as exc:
         raise InvalidDefinition(f"bad {kind} definition {rec!r}: {exc}") from None
@@ -268,6 +331,8 @@ class Catalog:
             for flag in ("enabled", "retention"):
                 if not isinstance(getattr(defn, flag), bool):
                     raise InvalidDefinition(f"queue {defn.name!r}: {flag} must be True or False")
+            if defn.activation is not None:
+                check_activation(defn.name, defn.activation)
         elif isinstance(defn, Service):
             if defn.queue not in self.queues:
                 raise UnknownQueue(defn.queue, f"service {defn.name!r} names it")
@@ -294,6 +359,14 @@ class Catalog:
             new = replace(old, **dict(changes))
         except TypeError as exc:
             raise InvalidDefinition(f"cannot alter {kind} {name!r}: {exc}") from None
+        if isinstance(new, Queue) and isinstance(changes.get("activation"), Mapping):
+            # a dict changes some fields of the queue's activation, or defines a new one
+            base = old.activation
+            act = changes["activation"]
+            try:
+                new = replace(new, activation=replace(base, **act) if base else Activation(**act))
+            except TypeError as exc:
+                raise InvalidDefinition(f"queue {name!r}: bad activation {act!r}: {exc}") from None
         if isinstance(new, Service) and not isinstance(new.contracts, tuple):
             new = replace(new, contracts=tuple(new.contracts))
         if isinstance(new, Contract):
@@ -372,6 +445,31 @@ class Catalog:
         for kind in ("message_type", "contract", "queue", "service"):
             out += [d for n, d in self._table(kind).items() if (kind, n) not in self.BUILTIN]
         return out
+
+
+def check_activation(queue: str, act: Any) -> None:
+    if not isinstance(act, Activation):
+        raise InvalidDefinition(f"queue {queue!r}: activation must be an Activation, not {act!r}")
+    resolve_handler(act.handler)
+    for name, low in (("max_readers", 1), ("max_groups", 1)):
+        value = getattr(act, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise InvalidDefinition(
+                f"queue {queue!r}: activation {name} must be an int >= {low}, got {value!r}"
+            )
+    for name in ("idle_timeout", "lease"):
+        value = getattr(act, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise InvalidDefinition(
+                f"queue {queue!r}: activation {name} must be > 0 seconds, got {value!r}"
+            )
+    if act.placement not in PLACEMENTS:
+        raise InvalidDefinition(
+            f"queue {queue!r}: activation placement {act.placement!r} is not "
+            f"one of {', '.join(PLACEMENTS)}"
+        )
+    if not isinstance(act.enabled, bool):
+        raise InvalidDefinition(f"queue {queue!r}: activation enabled must be True or False")
 
 
 def may_send(contract: Contract, message_type: str, is_initiator: bool) -> bool:

@@ -9,6 +9,7 @@ in-memory indexes (ready groups, locks, timers) are applied only after the commi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 import time
 import uuid
@@ -256,6 +257,10 @@ class BrokerCore:
             self.on_event(kind, subject, detail)
         for queue in woken:
             self.notify(queue)
+
+    def record_event(self, kind: str, subject: str, detail: str) -> None:
+        """An operator event from outside the verbs (a reader that could not start, say)."""
+        self._run(lambda b: self._event(b, kind, subject, detail))
 
     def _event(self, b: _Batch, kind: str, subject: str, detail: str) -> None:
         b.events.append((b.now, kind, subject, detail))
@@ -871,7 +876,7 @@ class BrokerCore:
         )
 
         def fn(b: _Batch) -> None:
-            new = Queue(q.name, False, q.retention, q.poison_limit)
+            new = dataclasses.replace(q, enabled=False)
             self.store.put_definition("queue", q.name, to_record(new))
             self.catalog.add(new)
             b.undo.append(lambda: self.catalog.add(q))
@@ -1042,6 +1047,11 @@ class BrokerCore:
             }
             for ep in self._eps.values()
         ]
+
+    def depth(self, queue: str) -> int:
+        """Messages waiting (or locked) on a queue."""
+        idx = self._index.get(queue)
+        return idx.depth if idx else 0
 
     def queue_view(self, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
         """The rows of one queue, in queue order, with each message's status."""

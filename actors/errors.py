@@ -72,6 +72,10 @@ class UnknownService(NotFound):
     kind = "service"
 
 
+class UnknownRoute(NotFound):
+    kind = "route"
+
+
 class InUse(CatalogError):
     """A definition cannot be dropped or changed because something still refers to it."""
 
@@ -135,6 +139,10 @@ class QueueDisabled(BrokerError):
             f"re-enable it with alter_queue({queue!r}, enabled=True)"
         )
         self.queue = queue
+
+
+class ReaderRetired(BrokerError):
+    """The broker no longer wants this activated reader (activation was turned off or changed)."""
 
 
 # --- the runtime -------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ class QueueIndex:
 
     def __init__(self) -> None:
         self.pending: dict[int, int] = {}
+        self.depth = 0  # sum of pending
         self._key: dict[int, int] = {}  # the live heap key of each ready group
         self._heap: list[tuple[int, int]] = []
 
@@ -31,6 +32,7 @@ class QueueIndex:
         """`count` messages arrived for `group`, the first at queue position `first_id`."""
         before = self.pending.get(group, 0)
         self.pending[group] = before + count
+        self.depth += count
         if before == 0 and not locked:
             self.make_ready(group, first_id)
 
@@ -45,7 +47,9 @@ class QueueIndex:
 
     def remove(self, group: int, count: int) -> None:
         """`count` messages of `group` were removed from the queue."""
-        left = self.pending.get(group, 0) - count
+        before = self.pending.get(group, 0)
+        left = before - count
+        self.depth -= min(before, count)
         if left > 0:
             self.pending[group] = left
         else:
@@ -63,10 +67,6 @@ class QueueIndex:
 
     def is_ready(self, group: int) -> bool:
         return group in self._key
-
-    @property
-    def depth(self) -> int:
-        return sum(self.pending.values())
 
 
 @dataclass

@@ -18,9 +18,10 @@ import ray
 
 from ..catalog import from_record
 from ..core import BrokerCore, Limits
-from ..envelope import pack_received, unpack_ops
-from ..errors import InvalidArgument
+from ..envelope import ReceivedGroup, pack_received, unpack_ops
+from ..errors import BrokerError, InvalidArgument, ReaderRetired
 from ..store import Store
+from .pools import ReaderPools
 
 log = logging.getLogger("raybroker")
 
@@ -44,6 +45,7 @@ class BrokerActor:
         self._owners: dict[str, Any] = {}  # owner id -> actor handle of a lock holder
         self._poke = asyncio.Event()
         self._failpoints: set[str] = set()
+        self.pools = ReaderPools(self)
         self._clock = asyncio.get_running_loop().create_task(self._run_clock())
 
     # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
@@ -53,6 +55,7 @@ class BrokerActor:
         while True:
             try:
                 due = self.core.tick()
+                self.pools.tick()
                 now = time.time()
                 if now >= next_owner_check:
                     next_owner_check = now + OWNER_CHECK_S
@@ -86,6 +89,7 @@ class BrokerActor:
         ev = self._waiters.pop(queue, None)
         if ev is not None:
             ev.set()
+        self.pools.nudge(queue)
 
     async def _wait(self, queue: str, timeout: float) -> None:
         ev = self._waiters.setdefault(queue, asyncio.Event())
@@ -123,20 +127,42 @@ class BrokerActor:
         options: dict[str, Any],
         owner: tuple[str, Any] | None = None,
         settle: tuple[Any, ...] | None = None,
+        reader: str | None = None,
     ) -> bytes:
         """RECEIVE, after first settling (committing / rolling back) the caller's previous
         groups when `settle` is given: a reader's loop costs one call per turn."""
         if settle is not None:
-            await self.settle(*settle)
+            commit, rollback, ops, states, request_id = settle
+            settle = (commit, rollback, unpack_ops(ops), states, request_id)
+        groups = await self.receive_groups(queue, wait, options, self._adopt(owner), settle, reader)
+        return pack_received(groups)
+
+    async def receive_groups(
+        self,
+        queue: str,
+        wait: float,
+        options: dict[str, Any],
+        owner_id: str | None,
+        settle: tuple[Any, ...] | None,
+        reader: str | None,
+    ) -> list[ReceivedGroup]:
+        if settle is not None:
+            try:
+                self.core.settle(*settle)
+            except BrokerError as exc:
+                exc.during = "settle"  # the caller learns which half of the call failed
+                raise
+            self._failpoint("exit_after_commit")
+        if reader is not None and not self.pools.wants(queue, reader):
+            raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
         deadline = time.monotonic() + wait
-        owner_id = self._adopt(owner)
         while True:
             groups = self.core.receive(queue, owner=owner_id, **options)
             left = deadline - time.monotonic()
             if groups or left <= 0:
                 if groups and options.get("lease_s"):
                     self._poke.set()
-                return pack_received(groups)
+                return groups
             await self._wait(queue, left)
 
     async def get_conversation_group(
@@ -188,12 +214,18 @@ class BrokerActor:
     async def move_conversation(self, handle: str, group_id: str) -> None:
         self.core.move_conversation(handle, group_id)
 
+    def _queues_view(self) -> dict[str, dict[str, Any]]:
+        out = self.core.queues_view()
+        for name, row in out.items():
+            row["readers"] = self.pools.readers(name)
+        return out
+
     async def view(self, name: str, kwargs: dict[str, Any]) -> Any:
         views = {
             "definitions": self.core.definitions,
             "endpoints": self.core.endpoints_view,
             "queue": self.core.queue_view,
-            "queues": self.core.queues_view,
+            "queues": self._queues_view,
             "groups": self.core.groups_view,
             "transmission_queue": self.core.transmission_view,
             "events": self.core.events_view,

@@ -150,13 +150,15 @@ class _Verbs:
         rollback: Iterable[LockRef] = (),
         ops: Sequence[Op] = (),
         states: Mapping[str, bytes | None] | None = None,
+        reader: str | None = None,
     ) -> Any:
         """RECEIVE: messages of up to `max_groups` conversation groups (all of each group's
         waiting messages, or the first `top`), each group locked until commit or rollback.
         Waits up to `wait` seconds for messages; returns [] if none came.
 
         `commit`/`rollback`/`ops`/`states` settle earlier groups first, in the same call, exactly
-        as `settle` does (a reader loop's commit-then-receive as one round trip)."""
+        as `settle` does (a reader loop's commit-then-receive as one round trip); if that part
+        fails the error has `during == "settle"`. `reader` is set by activated readers."""
         options: dict[str, Any] = {
             "max_groups": max_groups,
             "top": top,
@@ -171,7 +173,7 @@ class _Verbs:
         if commit or rollback or ops or states:
             settle = (commit, rollback, pack_ops(ops), dict(states or {}), _rid())
         return self._call(
-            "receive", queue, float(wait), options, _owner(), settle, post=unpack_received
+            "receive", queue, float(wait), options, _owner(), settle, reader, post=unpack_received
         )
 
     def get_conversation_group(

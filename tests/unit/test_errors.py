@@ -34,6 +34,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.UnknownContract: errors.UnknownContract("C"),
     errors.UnknownQueue: errors.UnknownQueue("Q"),
     errors.UnknownService: errors.UnknownService("S"),
+    errors.UnknownRoute: errors.UnknownRoute("R"),
     errors.InUse: errors.InUse("queue 'Q' is used by S"),
     errors.MessageError: errors.MessageError("refused"),
     errors.ContractViolation: errors.ContractViolation("the target may not send M"),
@@ -45,6 +46,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.GroupLocked: errors.GroupLocked("locked"),
     errors.LockNotHeld: errors.LockNotHeld("lock x not held"),
     errors.QueueDisabled: errors.QueueDisabled("Q", "poison message"),
+    errors.ReaderRetired: errors.ReaderRetired("reader r-1 is no longer wanted"),
     errors.BrokerUnavailable: errors.BrokerUnavailable("unreachable"),
     errors.StoreError: errors.StoreError("cannot open"),
 }

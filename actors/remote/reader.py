@@ -1,0 +1,27 @@
+"""`ReaderActor`: an activated queue reader in its own Ray actor (placement "pool").
+
+The loop itself is `actors.activation.read_until_idle`; this shell only gives it a process, the
+broker client and the handler. The broker starts it, and kills it when it is no longer needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from ..activation import read_until_idle
+from ..catalog import Activation, resolve_handler
+
+
+class ReaderActor:
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker  # an actors.remote.client.Broker
+
+    async def run(self, queue: str, reader_id: str, activation: dict[str, Any]) -> dict[str, Any]:
+        act = Activation(**activation)
+        handler = resolve_handler(act.handler)
+        stats = await read_until_idle(
+            self.broker.aio, queue, act, handler, time.monotonic, reader_id
+        )
+        return dataclasses.asdict(stats)
