@@ -29,15 +29,20 @@ log = logging.getLogger("raybroker")
 Handler = Callable[[ReceivedGroup, "HandlerContext"], Any]
 
 
-def readers_to_start(depth: int, last_depth: int, running: int, max_readers: int) -> int:
+BACKLOG_TARGET_S = 2.0  # a backlog the readers would need longer than this to drain wants more
+
+
+def readers_to_start(
+    depth: int, last_depth: int, running: int, max_readers: int, drained_per_s: float = 0.0
+) -> int:
     """How many readers to add now. One when messages wait and none reads; one more while the
-    queue keeps growing, up to `max_readers`; none otherwise (readers leave on their own when
-    they find nothing for their idle timeout)."""
+    queue keeps growing, or while its backlog would take the running readers more than
+    BACKLOG_TARGET_S to drain; up to `max_readers`. Readers leave on their own when idle."""
     if depth <= 0 or running >= max_readers:
         return 0
-    if running == 0:
+    if running == 0 or depth > last_depth:
         return 1
-    return 1 if depth > last_depth else 0
+    return 1 if depth > drained_per_s * BACKLOG_TARGET_S else 0
 
 
 class HandlerContext:

@@ -1048,10 +1048,10 @@ class BrokerCore:
             for ep in self._eps.values()
         ]
 
-    def depth(self, queue: str) -> int:
-        """Messages waiting (or locked) on a queue."""
+    def depth(self, queue: str) -> tuple[int, int]:
+        """(messages waiting or locked on a queue, messages removed from it so far)."""
         idx = self._index.get(queue)
-        return idx.depth if idx else 0
+        return (idx.depth, idx.removed) if idx else (0, 0)
 
     def queue_view(self, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
         """The rows of one queue, in queue order, with each message's status."""

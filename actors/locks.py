@@ -25,6 +25,7 @@ class QueueIndex:
     def __init__(self) -> None:
         self.pending: dict[int, int] = {}
         self.depth = 0  # sum of pending
+        self.removed = 0  # messages removed so far (readers' progress, for activation)
         self._key: dict[int, int] = {}  # the live heap key of each ready group
         self._heap: list[tuple[int, int]] = []
 
@@ -50,6 +51,7 @@ class QueueIndex:
         before = self.pending.get(group, 0)
         left = before - count
         self.depth -= min(before, count)
+        self.removed += min(before, count)
         if left > 0:
             self.pending[group] = left
         else:

@@ -81,7 +81,10 @@ def parse_address(text: object) -> Address:
             f"route address {text!r}: a broker name may not contain '/'; write "
             "'ray://<broker name>' (to route by a service name's broker, use 'TRANSPORT')"
         )
-    return Address("ray", _valid_name("broker", broker))
+    try:
+        return Address("ray", _valid_name("broker", broker))
+    except InvalidArgument as e:
+        raise InvalidArgument(f"route address {text!r}: {e}") from None
 
 
 def transport_address(service_name: str) -> str | None:
@@ -241,7 +244,7 @@ class RouteTable:
         self._routes[route.name] = route
         return self._warnings(route, now)
 
-    def alter(self, name: str, now: float, **changes: Any) -> list[str]:
+    def alter(self, name: str, now: float, /, **changes: Any) -> list[str]:
         """Change some fields of a route; the result must be valid and live. Returns warnings."""
         old = self.get(name)
         allowed = {f.name for f in fields(Route)} - {"name"}

@@ -207,6 +207,10 @@ class BrokerActor:
             raise InvalidArgument(f"unknown failpoint {name!r}; use one of {sorted(FAILPOINTS)}")
         self._failpoints.add(name)
 
+    async def reader_actors(self, queue: str) -> list[Any]:
+        """The running pool readers of a queue (for fault-injection tests and `verify`)."""
+        return self.pools.reader_actors(queue)
+
     def _failpoint(self, name: str) -> None:
         if name in self._failpoints:
             os._exit(1)

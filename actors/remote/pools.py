@@ -33,8 +33,11 @@ FAILED_START_BACKOFF_S = 5.0
 @dataclass
 class _Pool:
     readers: dict[str, asyncio.Future] = field(default_factory=dict)
+    actors: dict[str, Any] = field(default_factory=dict)  # pool readers' actor handles
     spare: Any = None  # a started, idle reader actor, so activation does not wait for a process
     last_depth: int = 0
+    last_removed: int = 0
+    last_check: float = 0.0
     next_check: float = 0.0
     started: int = 0
 
@@ -63,6 +66,11 @@ class ReaderPools:
         pool = self.pools.get(queue)
         return len(pool.readers) if pool else 0
 
+    def reader_actors(self, queue: str) -> list[Any]:
+        """The actor handles of a queue's running pool readers (for fault-injection tests)."""
+        pool = self.pools.get(queue)
+        return list(pool.actors.values()) if pool else []
+
     def nudge(self, queue: str) -> None:
         """Messages arrived on `queue` (or a group came free): look at it soon."""
         if queue in self._scheduled or queue not in self.core.catalog.queues:
@@ -90,9 +98,11 @@ class ReaderPools:
         now = time.monotonic()
         if pool.readers and now < pool.next_check:
             return
-        depth = self.core.depth(queue)
-        n = readers_to_start(depth, pool.last_depth, len(pool.readers), act.max_readers)
-        pool.last_depth, pool.next_check = depth, now + GROWTH_CHECK_S
+        depth, removed = self.core.depth(queue)
+        rate = (removed - pool.last_removed) / max(now - pool.last_check, 1e-3)
+        n = readers_to_start(depth, pool.last_depth, len(pool.readers), act.max_readers, rate)
+        pool.last_depth, pool.last_removed = depth, removed
+        pool.last_check, pool.next_check = now, now + GROWTH_CHECK_S
         for _ in range(n):
             self._start(queue, act, pool)
 
@@ -124,6 +134,7 @@ class ReaderPools:
 
     async def _run_pooled(self, queue: str, act: Activation, rid: str, pool: _Pool) -> None:
         actor, pool.spare = pool.spare or self._new_reader_actor(), None
+        pool.actors[rid] = actor
         try:
             stats = await actor.run.remote(queue, rid, act.__dict__)
         except ray.exceptions.RayActorError as exc:
@@ -133,6 +144,8 @@ class ReaderPools:
             self._failed(queue, rid, exc)
             ray.kill(actor)
             return
+        finally:
+            pool.actors.pop(rid, None)
         log.info("reader %s stopped (%s) after %d messages", rid, stats["reason"], stats["handled"])
         if pool.spare is None and self.activation(queue) is not None:
             pool.spare = actor
