@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -105,6 +107,12 @@ class Activation:
 def handler_path(fn: Any) -> str:
     """The "module:function" path of a module-level function; refused for anything else."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    bound = getattr(fn, "__self__", None)
+    if bound is not None and not isinstance(bound, type | types.ModuleType):
+        raise InvalidDefinition(
+            f"handler {fn!r} is a bound method; a handler is called without an instance, so "
+            "pass a module-level function (or a staticmethod/classmethod)"
+        )
     if not module or "<" in qualname or module == "__main__":
         raise InvalidDefinition(
             f"handler {fn!r} is not importable by name (a lambda, a nested function or one "
@@ -459,7 +467,12 @@ def check_activation(queue: str, act: Any) -> None:
             )
     for name in ("idle_timeout", "lease"):
         value = getattr(act, name)
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
             raise InvalidDefinition(
                 f"queue {queue!r}: activation {name} must be > 0 seconds, got {value!r}"
             )

@@ -131,7 +131,9 @@ async def _send_all(
     await asyncio.gather(*(one(i) for i in range(messages // batch)))
 
 
-async def _receive_all(broker: Broker, messages: int, max_groups: int, readers: int) -> None:
+async def _receive_all(
+    broker: Broker, messages: int, max_groups: int, readers: int, queue: str = "TargetQueue"
+) -> None:
     done = 0
 
     async def reader() -> None:
@@ -139,9 +141,7 @@ async def _receive_all(broker: Broker, messages: int, max_groups: int, readers: 
         groups: list = []
         while done < messages:
             # commit the previous turn's groups and receive the next ones in one call
-            groups = await broker.aio.receive(
-                "TargetQueue", max_groups=max_groups, wait=0.2, commit=groups
-            )
+            groups = await broker.aio.receive(queue, max_groups=max_groups, wait=0.2, commit=groups)
             done += sum(len(g) for g in groups)
         if groups:
             await broker.aio.commit(groups)
