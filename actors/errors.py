@@ -152,5 +152,9 @@ class BrokerUnavailable(BrokerError):
     """The broker actor could not be reached within the client's retry deadline."""
 
 
+class TopologyError(BrokerError):
+    """A topology file is malformed or inconsistent; the message says where."""
+
+
 class StoreError(BrokerError):
     """The broker's store could not be opened or written."""

@@ -47,6 +47,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.LockNotHeld: errors.LockNotHeld("lock x not held"),
     errors.QueueDisabled: errors.QueueDisabled("Q", "poison message"),
     errors.ReaderRetired: errors.ReaderRetired("reader r-1 is no longer wanted"),
+    errors.TopologyError: errors.TopologyError("t.yaml: brokers[0]: unknown key(s)"),
     errors.BrokerUnavailable: errors.BrokerUnavailable("unreachable"),
     errors.StoreError: errors.StoreError("cannot open"),
 }
