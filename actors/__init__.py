@@ -3,12 +3,13 @@
 The public surface is what `__all__` names; everything else is internal.
 """
 
-from .catalog import Contract, MessageType, Queue, Service
+from .catalog import Activation, Contract, MessageType, Queue, Service
 from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer
 from .errors import BrokerError
 from .remote.client import Broker, connect, start_broker
 
 __all__ = [
+    "Activation",
     "Begin",
     "Broker",
     "BrokerError",
