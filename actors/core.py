@@ -60,9 +60,12 @@ from .errors import (
 from .locks import Lock, LockTable, QueueIndex
 from .poison import PoisonCounter
 from .readcache import ROW_OVERHEAD, ReadCache
+from .routing import Route, RouteTable, choose, match
 from .store import Store
+from .transport import Transport
 
 Clock = Callable[[], float]
+ROUTE_TABLES = ("routes", "instance")  # the broker's own routes; its instance routes
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,14 @@ class _Batch:
 class BrokerCore:
     """One broker: catalog, dialogs, queues, locks. Callers: the broker actor, and tests."""
 
-    def __init__(self, store: Store, clock: Clock = time.time, limits: Limits | None = None):
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock = time.time,
+        limits: Limits | None = None,
+        name: str = "local",
+    ):
+        self.name = name  # the broker's name: what "ray://<name>" addresses
         self.store = store
         self.clock = clock
         self.limits = limits or Limits()
@@ -156,6 +166,14 @@ class BrokerCore:
         self._parked: set[int] = {row[1] for row in st.transmission_rows(1 << 62)}
         ep_max, group_max, msg_max = st.max_keys()
         self._next_ep, self._next_group, self._next_msg = ep_max + 1, group_max + 1, msg_max + 1
+        self.routes = {t: RouteTable() for t in ROUTE_TABLES}
+        if st.get_meta("routes") is not None:  # saved tables (AutoCreatedLocal may be dropped)
+            saved: dict[str, list[Route]] = {t: [] for t in ROUTE_TABLES}
+            for table, rec in st.load_routes():
+                saved[table].append(Route.from_record(rec))
+            self.routes = {t: RouteTable(saved[t]) for t in ROUTE_TABLES}
+        self.forwarding = st.get_meta("forwarding") == "1"
+        self.transport = Transport(self)
 
     def _add_group(self, g: _Group) -> None:
         self._groups[g.no] = g
@@ -330,6 +348,93 @@ class BrokerCore:
 
         self._run(fn, request_id)
 
+    # --- routes and forwarding --------------------------------------------------------------
+
+    def _route_table(self, table: str) -> RouteTable:
+        if table not in self.routes:
+            raise InvalidArgument(
+                f"route table {table!r} does not exist; use one of {list(ROUTE_TABLES)}"
+            )
+        return self.routes[table]
+
+    def _save_routes(self, b: _Batch, table: str, before: tuple[Route, ...]) -> None:
+        """Persist a whole table (they are small); on failure put the old one back."""
+        st = self.store
+        if st.get_meta("routes") is None:
+            st.set_meta("routes", "1")
+            for t in ROUTE_TABLES:
+                for r in self.routes[t].routes():
+                    st.put_route(t, r.name, r.to_record())
+        for r in before:
+            st.delete_route(table, r.name)
+        for r in self.routes[table].routes():
+            st.put_route(table, r.name, r.to_record())
+        b.undo.append(lambda: self.routes.__setitem__(table, RouteTable(before)))
+
+    def create_route(
+        self, table: str, record: Mapping[str, Any], request_id: str | None = None
+    ) -> list[str]:
+        """CREATE ROUTE in the broker's own table ("routes") or its instance table ("instance").
+        Returns warnings (seed 002's multiple-target-endpoints hazard)."""
+
+        def fn(b: _Batch) -> list[str]:
+            t = self._route_table(table)
+            before = t.routes()
+            warnings = t.create(Route.from_record(dict(record)), b.now)
+            self._save_routes(b, table, before)
+            for w in warnings:
+                self._event(b, "RouteWarning", record.get("name", "?"), w)
+            return warnings
+
+        return self._run(fn, request_id)
+
+    def alter_route(
+        self, table: str, name: str, changes: Mapping[str, Any], request_id: str | None = None
+    ) -> list[str]:
+        def fn(b: _Batch) -> list[str]:
+            t = self._route_table(table)
+            before = t.routes()
+            warnings = t.alter(name, b.now, **dict(changes))
+            self._save_routes(b, table, before)
+            return warnings
+
+        return self._run(fn, request_id)
+
+    def drop_route(self, table: str, name: str, request_id: str | None = None) -> None:
+        def fn(b: _Batch) -> None:
+            t = self._route_table(table)
+            before = t.routes()
+            t.drop(name)
+            self._save_routes(b, table, before)
+
+        self._run(fn, request_id)
+
+    def routes_view(self, table: str = "routes") -> list[dict[str, Any]]:
+        return [r.to_record() for r in self._route_table(table).routes()]
+
+    def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
+        """Broker settings: `forwarding` relays arriving messages by the instance routes."""
+        if forwarding is not None:
+            if not isinstance(forwarding, bool):
+                raise InvalidArgument("forwarding must be True or False")
+
+            def fn(b: _Batch) -> None:
+                self.store.set_meta("forwarding", "1" if forwarding else "0")
+                old = self.forwarding
+                self.forwarding = forwarding
+                b.undo.append(lambda: setattr(self, "forwarding", old))
+
+            self._run(fn)
+        return {"forwarding": self.forwarding, "broker_id": self.broker_id, "name": self.name}
+
+    def serves_here(self, ep: Endpoint) -> bool:
+        """Whether `ep`'s far service could be delivered to on this broker."""
+        return ep.far_service in self.catalog.services and ep.far_broker in (None, self.broker_id)
+
+    @staticmethod
+    def new_handle() -> str:
+        return str(uuid.uuid4())
+
     def definitions(self) -> list[tuple[str, dict[str, Any]]]:
         return [(kind_of(d), to_record(d)) for d in self.catalog.user_definitions()]
 
@@ -467,9 +572,17 @@ class BrokerCore:
         ep.send_seq += len(bodies)
         after_send(ep)
         far = self._far(ep)
-        if far is None and ep.no not in self._parked and ep.is_initiator and first_seq == 0:
+        if (
+            far is None
+            and ep.no not in self._parked
+            and ep.is_initiator
+            and first_seq == 0
+            and self._routes_here(ep, b.now)
+        ):
             far = self._create_target(b, ep)
-        if far is None and (ep.no in self._parked or ep.is_initiator):
+        if far is None and (
+            ep.no in self._parked or ep.is_initiator or ep.far_broker != self.broker_id
+        ):
             self._park(b, ep, mt, bodies, first_seq)
         elif far is None:
             # The far endpoint was cleaned up: tell this side, as the far broker would.
@@ -511,9 +624,15 @@ class BrokerCore:
     def _park(self, b: _Batch, ep: Endpoint, mt: str, bodies: Sequence[bytes], seq: int) -> None:
         """Hold messages in the transmission queue until their target can be reached."""
         status = (
-            f"target service {ep.far_service!r} is not on this broker and no route leads to it; "
-            "waiting for the service or a route"
+            "waiting to be sent"
+            if not self.serves_here(ep) or not self._routes_here(ep, b.now)
+            else f"waiting for service {ep.far_service!r}"
         )
+        if not self.serves_here(ep) and ep.far_service not in self.catalog.services:
+            status = (
+                f"target service {ep.far_service!r} is not on this broker; waiting to be routed "
+                "(see its routes)"
+            )
         b.transmission += [
             (ep.no, seq + i, mt, body, ep.far_service, ep.far_broker, status, b.now)
             for i, body in enumerate(bodies)
@@ -522,37 +641,57 @@ class BrokerCore:
             self._parked.add(ep.no)
             b.undo.append(lambda: self._parked.discard(ep.no))
 
+    def _routes_here(self, ep: Endpoint, now: float) -> bool:
+        """Whether the broker's own routes deliver `ep`'s dialog on this broker (LOCAL first)."""
+        m = match(
+            self.routes["routes"],
+            ep.far_service,
+            ep.far_broker,
+            ep.conversation_id,
+            now,
+            local_broker_id=self.broker_id,
+        )
+        hops = [] if m.delayed else choose(m, service_is_local=self.serves_here(ep))
+        return bool(hops) and hops[0].rank == "local"
+
     def _unpark(self, b: _Batch, service: str) -> None:
-        """A service appeared (or changed): deliver what waited for it, in order."""
-        rows = self.store.transmission_for(service)
-        if not rows:
-            return
-        waiting: dict[int, list[tuple[Any, ...]]] = {}
-        for row in rows:
-            waiting.setdefault(row[1], []).append(row)
-        svc = self.catalog.service(service)
-        for ep_no, ep_rows in waiting.items():
-            self._parked.discard(ep_no)
-            b.undo.append(lambda n=ep_no: self._parked.add(n))
+        """A service appeared (or changed): deliver what waited for it here, in order."""
+        eps = {row[1] for row in self.store.transmission_for(service)}
+        for ep_no in eps:
             ep = self._eps.get(ep_no)
             if ep is None:
-                continue  # the endpoint is gone; what waited for it goes with it
-            far = self._far(ep)
-            if far is None and ep.contract not in svc.contracts:
+                self.store.delete_endpoint_transmission(ep_no)
+            elif self._routes_here(ep, b.now):
+                self._deliver_parked(b, ep)
+
+    def _deliver_parked(self, b: _Batch, ep: Endpoint) -> None:
+        """Deliver an endpoint's waiting transmission rows to its far side on this broker."""
+        rows = self.store.endpoint_transmission(ep.no)
+        self._parked.discard(ep.no)
+        b.undo.append(lambda: self._parked.add(ep.no))
+        self.store.delete_endpoint_transmission(ep.no)
+        far = self._far(ep)
+        if far is None:
+            svc = self.catalog.services.get(ep.far_service)
+            if svc is None or ep.contract not in svc.contracts:
                 self._enqueue_own(
                     b,
                     ep,
                     ERROR,
                     error_body(
                         CONTRACT_NOT_ACCEPTED,
-                        f"service {service!r} does not accept contract {ep.contract!r}",
+                        f"service {ep.far_service!r} does not accept contract {ep.contract!r}",
                     ),
                 )
-                continue
-            far = far or self._create_target(b, ep)
-            for _tid, _ep, seq, mt, body, _at in ep_rows:
-                self._deliver(b, far, mt, [body], seq)
-        self.store.delete_transmission(row[0] for row in rows)
+                return
+            far = self._create_target(b, ep)
+        for _tid, _ep, seq, mt, body, _at in rows:
+            self._deliver(b, far, mt, [body], seq)
+
+    def _refresh_parked(self, ep_nos: Iterable[int]) -> None:
+        for no in set(ep_nos):
+            if no in self._parked and not self.store.has_transmission(no):
+                self._parked.discard(no)
 
     def _deliver(
         self, b: _Batch, far: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
@@ -993,6 +1132,7 @@ class BrokerCore:
                 self._enqueue_own(
                     b, ep, ERROR, error_body(LIFETIME_EXPIRED, "the dialog's lifetime ran out")
                 )
+                self.store.delete_endpoint_transmission(ep.no)  # nothing more goes out
             elif kind == "purge" and self.locks.is_locked(ep.group_no):
                 retry = b.now + self.limits.closed_retention_s
                 b.after.append(
@@ -1132,6 +1272,8 @@ class BrokerCore:
             to_broker,
             status,
             at,
+            attempts,
+            next_at,
         ) in self.store.transmission_rows(limit):
             ep = self._eps.get(ep_no)
             out.append(
@@ -1144,6 +1286,8 @@ class BrokerCore:
                     "sequence_number": seq,
                     "body_size": size,
                     "transmission_status": status,
+                    "attempts": attempts,
+                    "next_attempt_at": next_at,
                     "enqueued_at": at,
                 }
             )

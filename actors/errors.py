@@ -76,6 +76,10 @@ class UnknownRoute(NotFound):
     kind = "route"
 
 
+class UnknownBroker(NotFound):
+    kind = "broker"
+
+
 class InUse(CatalogError):
     """A definition cannot be dropped or changed because something still refers to it."""
 

@@ -36,8 +36,12 @@ CREATE INDEX IF NOT EXISTS messages_group ON messages (group_no, id);
 CREATE TABLE IF NOT EXISTS transmission (
     id INTEGER PRIMARY KEY, endpoint_no INTEGER NOT NULL, seq INTEGER NOT NULL,
     type TEXT NOT NULL, body BLOB NOT NULL, to_service TEXT NOT NULL, to_broker TEXT,
-    status TEXT NOT NULL, enqueued_at REAL NOT NULL);
+    status TEXT NOT NULL, enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS transmission_service ON transmission (to_service, id);
+CREATE INDEX IF NOT EXISTS transmission_endpoint ON transmission (endpoint_no, seq);
+CREATE TABLE IF NOT EXISTS routes (
+    tbl TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (tbl, name));
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, at REAL NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL,
     detail TEXT NOT NULL);
@@ -252,6 +256,85 @@ class Store:
             (to_service,),
         ).fetchall()
 
+    def due_transmission(self, now: float, limit: int) -> list[tuple[Any, ...]]:
+        """Rows whose next attempt is due, in queue order: (id, endpoint_no, seq, type, body,
+        to_service, to_broker, attempts, enqueued_at)."""
+        return self.db.execute(
+            "SELECT id, endpoint_no, seq, type, body, to_service, to_broker, attempts, "
+            "enqueued_at FROM transmission WHERE next_attempt <= ? ORDER BY id LIMIT ?",
+            (now, limit),
+        ).fetchall()
+
+    def endpoint_transmission(self, endpoint_no: int) -> list[tuple[Any, ...]]:
+        """One endpoint's rows in order: (id, endpoint_no, seq, type, body, enqueued_at)."""
+        return self.db.execute(
+            "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission "
+            "WHERE endpoint_no=? ORDER BY seq",
+            (endpoint_no,),
+        ).fetchall()
+
+    def delay_transmission(self, rows: Iterable[tuple[str, float, int, int]]) -> None:
+        """rows: (status, next_attempt, attempts, id)."""
+        self.db.executemany(
+            "UPDATE transmission SET status=?, next_attempt=?, attempts=? WHERE id=?", rows
+        )
+
+    def delay_transmission_ids(self, ids: Sequence[int], status: str, next_attempt: float) -> None:
+        self.db.executemany(
+            "UPDATE transmission SET status=?, next_attempt=? WHERE id=?",
+            ((status, next_attempt, i) for i in ids),
+        )
+
+    def fail_transmission(self, ids: Sequence[int], status: str, now: float) -> None:
+        """No hop took these rows: count the attempt and back off (50 ms doubling to 5 s)."""
+        self.db.executemany(
+            "UPDATE transmission SET status=?, attempts=attempts+1, "
+            "next_attempt=? + MIN(5.0, 0.05 * (1 << MIN(attempts, 10))) WHERE id=?",
+            ((status, now, i) for i in ids),
+        )
+
+    def delete_acknowledged(self, ranges: Iterable[tuple[int, int, int]]) -> None:
+        """ranges: (endpoint_no, first_seq, last_seq) acknowledged by the far broker."""
+        self.db.executemany(
+            "DELETE FROM transmission WHERE endpoint_no=? AND seq BETWEEN ? AND ?", ranges
+        )
+
+    def existing_transmission(self, ids: Sequence[int]) -> list[int]:
+        out: list[int] = []
+        for i in range(0, len(ids), 500):
+            chunk = list(ids[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            out += [
+                r[0]
+                for r in self.db.execute(
+                    f"SELECT id FROM transmission WHERE id IN ({marks})", chunk
+                )
+            ]
+        return out
+
+    def has_transmission(self, endpoint_no: int) -> bool:
+        return (
+            self.db.execute(
+                "SELECT 1 FROM transmission WHERE endpoint_no=? LIMIT 1", (endpoint_no,)
+            ).fetchone()
+            is not None
+        )
+
+    # --- routes ----------------------------------------------------------------------------------
+
+    def load_routes(self) -> list[tuple[str, dict[str, Any]]]:
+        rows = self.db.execute("SELECT tbl, body FROM routes ORDER BY rowid").fetchall()
+        return [(tbl, json.loads(body)) for tbl, body in rows]
+
+    def put_route(self, table: str, name: str, record: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO routes (tbl, name, body) VALUES (?, ?, ?)",
+            (table, name, json.dumps(record)),
+        )
+
+    def delete_route(self, table: str, name: str) -> None:
+        self.db.execute("DELETE FROM routes WHERE tbl=? AND name=?", (table, name))
+
     def delete_transmission(self, ids: Iterable[int]) -> None:
         self.db.executemany("DELETE FROM transmission WHERE id=?", ((i,) for i in ids))
 
@@ -261,7 +344,7 @@ class Store:
     def transmission_rows(self, limit: int) -> list[tuple[Any, ...]]:
         return self.db.execute(
             "SELECT id, endpoint_no, seq, type, length(body), to_service, to_broker, status, "
-            "enqueued_at FROM transmission ORDER BY id LIMIT ?",
+            "enqueued_at, attempts, next_attempt FROM transmission ORDER BY id LIMIT ?",
             (limit,),
         ).fetchall()
 

@@ -14,19 +14,23 @@ import os
 import time
 from typing import Any
 
+import msgpack
 import ray
 
 from ..catalog import from_record
 from ..core import BrokerCore, Limits
 from ..envelope import ReceivedGroup, pack_received, unpack_ops
-from ..errors import BrokerError, InvalidArgument, ReaderRetired
+from ..errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
 from ..store import Store
+from ..transport import Arrival, Outbound, merge_replies, pack_arrival
 from .pools import ReaderPools
 
 log = logging.getLogger("raybroker")
 
 OWNER_CHECK_S = 1.0  # how often holders of locks are checked for being alive
 TICK_MAX_S = 0.25  # the longest the clock sleeps between looks at timers and leases
+SEND_TIMEOUT_S = 30.0  # a far broker that takes longer than this is treated as unreachable
+FORWARD_BUFFER = 10_000  # messages a forwarding broker holds in memory at once
 # Failpoints for fault-injection tests: "exit_after_commit" kills the process right after the next
 # apply/settle commits, before its reply leaves (the window where a retry must not apply twice).
 FAILPOINTS = frozenset({"exit_after_commit"})
@@ -36,9 +40,13 @@ class BrokerActor:
     """One broker. Created through `actors.remote.client.start_broker`, which applies
     `ray.remote` with restart options; the class itself stays plain Python."""
 
-    def __init__(self, name: str, path: str, durability: str, limits: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, path: str, durability: str, limits: dict[str, Any], namespace: str
+    ) -> None:
         self.name = name
-        self.core = BrokerCore(Store(path, durability), time.time, Limits(**limits))
+        self.namespace = namespace  # where this broker and its peers are registered
+        self.forward_buffer = limits.pop("forward_buffer", FORWARD_BUFFER)
+        self.core = BrokerCore(Store(path, durability), time.time, Limits(**limits), name)
         self.core.notify = self._wake
         self.core.on_event = self._surface
         self._waiters: dict[str, asyncio.Event] = {}
@@ -47,6 +55,10 @@ class BrokerActor:
         self._failpoints: set[str] = set()
         self.pools = ReaderPools(self)
         self._clock = asyncio.get_running_loop().create_task(self._run_clock())
+        self._peers: dict[str, Any] = {}
+        self._send_poke = asyncio.Event()
+        self._forwarding_now = 0  # messages held in memory while being relayed
+        self._sender = asyncio.get_running_loop().create_task(self._run_sender())
 
     # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
 
@@ -85,6 +97,115 @@ class BrokerActor:
                     "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
                 )
 
+    # --- transport: the transmission queue goes out; bundles come in ------------------------------
+
+    async def _run_sender(self) -> None:
+        transport = self.core.transport
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._send_poke.wait(), 0.05)
+            self._send_poke.clear()
+            if not transport.pending:
+                continue
+            try:
+                for out in transport.dispatch():
+                    asyncio.ensure_future(self._send(out))
+            except Exception:  # logged; the rows stay queued and are tried again
+                log.exception("broker %s: dispatching the transmission queue failed", self.name)
+
+    async def _send(self, out: Outbound) -> None:
+        transport = self.core.transport
+        blob = out.blob()
+        why = "no next hop"
+        for hop in out.hops:
+            try:
+                reply = await asyncio.wait_for(
+                    self._peer(hop.broker).deliver.remote(blob), SEND_TIMEOUT_S
+                )
+            except Exception as exc:  # unreachable in any way: try the next path
+                self._peers.pop(hop.broker, None)
+                why = f"{hop.address} unreachable ({type(exc).__name__})"
+                continue
+            transport.acknowledged(out, reply)
+            self._send_poke.set()  # the same dialogs may have more to send
+            return
+        transport.failed(out, why)
+
+    def _peer(self, broker: str | None) -> Any:
+        if broker not in self._peers:
+            self._peers[broker] = ray.get_actor(broker, namespace=self.namespace)
+        return self._peers[broker]
+
+    async def deliver(self, blob: bytes) -> bytes:
+        """Bundles from another broker: deliver, forward, acknowledge (see actors.transport)."""
+        arrival = self.core.transport.arrive(blob)
+        replies = [pack_arrival(arrival)]
+        for hops, bundles in arrival.forwards:
+            replies.append(await self._forward(hops, bundles))
+        self._send_poke.set()  # replies to these dialogs may be waiting to go out
+        return merge_replies(replies)
+
+    async def _forward(self, hops: list[Any], bundles: list[Any]) -> bytes:
+        """Relay bundles, holding them in memory (bounded) until the next hop answers; the
+        answer carries the owning broker's acknowledgements back to the sender."""
+        n = sum(len(b[9]) for b in bundles)
+        if self._forwarding_now + n > self.forward_buffer:
+            return pack_arrival(Arrival(refused=[f"{self.name}: forwarding buffer full"]))
+        self._forwarding_now += n
+        try:
+            blob = msgpack.packb(bundles, use_bin_type=True)
+            why = "no next hop"
+            for hop in hops:
+                try:
+                    return await asyncio.wait_for(
+                        self._peer(hop.broker).deliver.remote(blob), SEND_TIMEOUT_S
+                    )
+                except Exception as exc:
+                    self._peers.pop(hop.broker, None)
+                    why = f"{self.name} could not forward to {hop.address} ({type(exc).__name__})"
+            return pack_arrival(Arrival(refused=[why]))
+        finally:
+            self._forwarding_now -= n
+
+    # --- routes ----------------------------------------------------------------------------------
+
+    def _check_brokers(self, record: dict[str, Any]) -> None:
+        """A route to a broker that does not exist is refused (it may be started later)."""
+        for key in ("address", "mirror_address"):
+            address = record.get(key)
+            if isinstance(address, str) and address.lower().startswith("ray://"):
+                name = address[len("ray://") :]
+                if name == self.name:
+                    continue
+                try:
+                    ray.get_actor(name, namespace=self.namespace)
+                except ValueError:
+                    raise UnknownBroker(
+                        name,
+                        f"no broker named {name!r} runs in namespace {self.namespace!r}; "
+                        "start it, then create the route",
+                    ) from None
+
+    async def create_route(self, table: str, record: dict[str, Any], request_id: str) -> list:
+        self._check_brokers(record)
+        warnings = self.core.create_route(table, record, request_id)
+        self._send_poke.set()  # delayed dialogs may now have a way
+        return warnings
+
+    async def alter_route(
+        self, table: str, name: str, changes: dict[str, Any], request_id: str
+    ) -> list:
+        self._check_brokers(changes)
+        warnings = self.core.alter_route(table, name, changes, request_id)
+        self._send_poke.set()
+        return warnings
+
+    async def drop_route(self, table: str, name: str, request_id: str) -> None:
+        self.core.drop_route(table, name, request_id)
+
+    async def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
+        return self.core.configure(forwarding)
+
     def _wake(self, queue: str) -> None:
         ev = self._waiters.pop(queue, None)
         if ev is not None:
@@ -118,6 +239,8 @@ class BrokerActor:
         result = self.core.apply(unpack_ops(ops), request_id)
         self._failpoint("exit_after_commit")
         self._poke.set()  # a timer may have been set
+        if self.core.transport.pending:
+            self._send_poke.set()
         return result
 
     async def receive(
@@ -153,6 +276,8 @@ class BrokerActor:
                 exc.during = "settle"  # the caller learns which half of the call failed
                 raise
             self._failpoint("exit_after_commit")
+            if self.core.transport.pending:
+                self._send_poke.set()
         if reader is not None and not self.pools.wants(queue, reader):
             raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
         deadline = time.monotonic() + wait
@@ -199,6 +324,8 @@ class BrokerActor:
     ) -> dict[str, Any]:
         result = self.core.settle(commit, rollback, unpack_ops(ops), states, request_id)
         self._failpoint("exit_after_commit")
+        if self.core.transport.pending:
+            self._send_poke.set()
         return result
 
     async def arm_failpoint(self, name: str) -> None:
@@ -231,6 +358,7 @@ class BrokerActor:
             "queue": self.core.queue_view,
             "queues": self._queues_view,
             "groups": self.core.groups_view,
+            "routes": self.core.routes_view,
             "transmission_queue": self.core.transmission_view,
             "events": self.core.events_view,
             "audit": self.core.audit_view,

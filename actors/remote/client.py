@@ -221,6 +221,49 @@ class _Verbs:
     def rollback(self, groups: Iterable[LockRef] | LockRef) -> Any:
         return self.settle((), _lock_ids(groups))
 
+    # --- routes ----------------------------------------------------------------------------------
+
+    def create_route(
+        self,
+        name: str,
+        service_name: str | None = None,
+        broker_instance: str | None = None,
+        address: str = "LOCAL",
+        mirror_address: str | None = None,
+        lifetime: float | None = None,
+        *,
+        table: str = "routes",
+    ) -> Any:
+        """CREATE ROUTE: in this broker's own routes (`table="routes"`, for dialogs begun here)
+        or its instance routes (`table="instance"`, for messages arriving from other brokers).
+        `address` is "LOCAL", "TRANSPORT" or "ray://<broker>"; `lifetime` in seconds. Returns
+        warnings (e.g. seed 002's multiple-target-endpoints hazard)."""
+        record = {
+            "name": name,
+            "service_name": service_name,
+            "broker_instance": broker_instance,
+            "address": address,
+            "mirror_address": mirror_address,
+            "expires_at": None if lifetime is None else time.time() + lifetime,
+        }
+        return self._call("create_route", table, record, _rid())
+
+    def alter_route(self, name: str, *, table: str = "routes", **changes: Any) -> Any:
+        if "lifetime" in changes:
+            life = changes.pop("lifetime")
+            changes["expires_at"] = None if life is None else time.time() + life
+        return self._call("alter_route", table, name, changes, _rid())
+
+    def drop_route(self, name: str, *, table: str = "routes") -> Any:
+        return self._call("drop_route", table, name, _rid())
+
+    def routes(self, table: str = "routes") -> Any:
+        return self._call("view", "routes", {"table": table})
+
+    def configure(self, *, forwarding: bool | None = None) -> Any:
+        """Broker settings: `forwarding=True` relays arriving messages by the instance routes."""
+        return self._call("configure", forwarding)
+
     # --- views -----------------------------------------------------------------------------------
 
     def info(self) -> Any:
@@ -350,6 +393,7 @@ def start_broker(
     retry_s: float = 60.0,
     max_body_bytes: int | None = None,
     lease_s: float | None = None,
+    forward_buffer: int | None = None,
     **actor_options: Any,
 ) -> Broker:
     """Start the broker actor `name` (or attach to it if it runs), with its store at `path`
@@ -358,9 +402,8 @@ def start_broker(
     (num_cpus, resources, scheduling_strategy, ...) for placement."""
     if not isinstance(name, str) or not name:
         raise InvalidArgument("a broker needs a non-empty name")
-    limits = {
-        k: v for k, v in (("max_body_bytes", max_body_bytes), ("lease_s", lease_s)) if v is not None
-    }
+    given = {"max_body_bytes": max_body_bytes, "lease_s": lease_s, "forward_buffer": forward_buffer}
+    limits = {k: v for k, v in given.items() if v is not None}
     options = {"num_cpus": 0, "max_concurrency": 1000, **actor_options}
     cls = ray.remote(BrokerActor).options(
         name=name,
@@ -371,7 +414,7 @@ def start_broker(
         get_if_exists=get_if_exists,
         **options,
     )
-    broker = Broker(cls.remote(name, path, durability, limits), name, namespace, retry_s)
+    broker = Broker(cls.remote(name, path, durability, limits, namespace), name, namespace, retry_s)
     broker.info()  # surfaces a bad path or option now, not at first use
     return broker
 

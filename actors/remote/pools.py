@@ -165,7 +165,7 @@ class ReaderPools:
             from .client import Broker
 
             ctx = ray.get_runtime_context()
-            self._client = Broker(ctx.current_actor, self.broker.name, ctx.namespace)
+            self._client = Broker(ctx.current_actor, self.broker.name, self.broker.namespace)
         cls = ray.remote(ReaderActor).options(
             num_cpus=0, scheduling_strategy="SPREAD", max_restarts=0
         )

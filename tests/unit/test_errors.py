@@ -35,6 +35,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.UnknownQueue: errors.UnknownQueue("Q"),
     errors.UnknownService: errors.UnknownService("S"),
     errors.UnknownRoute: errors.UnknownRoute("R"),
+    errors.UnknownBroker: errors.UnknownBroker("B", "start it first"),
     errors.InUse: errors.InUse("queue 'Q' is used by S"),
     errors.MessageError: errors.MessageError("refused"),
     errors.ContractViolation: errors.ContractViolation("the target may not send M"),

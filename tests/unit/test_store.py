@@ -373,7 +373,9 @@ def test_transmission_rows_are_kept_per_service_in_order_until_deleted(store):
     assert _ids(store.transmission_for("There")) == [3]
     store.delete_endpoint_transmission(1)
     assert store.transmission_for("There") == []
-    assert store.transmission_rows(10) == [(2, 2, 0, "M", 2, "Elsewhere", "b-2", "pending", 2.0)]
+    assert store.transmission_rows(10) == [
+        (2, 2, 0, "M", 2, "Elsewhere", "b-2", "pending", 2.0, 0, 0.0)
+    ]
 
 
 # --- events, audit, request ids --------------------------------------------------------------
