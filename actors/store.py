@@ -279,12 +279,6 @@ class Store:
             "UPDATE transmission SET status=?, next_attempt=?, attempts=? WHERE id=?", rows
         )
 
-    def delay_transmission_ids(self, ids: Sequence[int], status: str, next_attempt: float) -> None:
-        self.db.executemany(
-            "UPDATE transmission SET status=?, next_attempt=? WHERE id=?",
-            ((status, next_attempt, i) for i in ids),
-        )
-
     def fail_transmission(self, ids: Sequence[int], status: str, now: float) -> None:
         """No hop took these rows: count the attempt and back off (50 ms doubling to 5 s)."""
         self.db.executemany(

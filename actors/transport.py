@@ -186,13 +186,11 @@ class Transport:
                     continue
                 done.append((ep.no, first, last))
             core.store.delete_acknowledged(done)
-            left = {r for r in out.rows} - set(core.store.existing_transmission(out.rows))
-            if len(left) < len(out.rows):
+            unacknowledged = core.store.existing_transmission(out.rows)
+            if unacknowledged:  # refused or out of sequence: counted as an attempt, backed off
                 why = "; ".join(refused) or "sent, not acknowledged yet"
-                core.store.delay_transmission_ids(
-                    [r for r in out.rows if r not in left],
-                    f"{out.hops[0].address}: {why}",
-                    core.clock() + RETRY_MIN_S,
+                core.store.fail_transmission(
+                    unacknowledged, f"{out.hops[0].address}: {why}", core.clock()
                 )
             acked = {core._convs[(a[0], a[1])].no for a in acks if (a[0], a[1]) in core._convs}
             core._refresh_parked(acked)

@@ -29,8 +29,8 @@ def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
     """Start brokers with files under this test's tmp_path; all are killed at the end."""
     started: list[Broker] = []
 
-    def make(path: str | None = None, **options: Any) -> Broker:
-        name = f"test-{uuid.uuid4().hex[:10]}"
+    def make(path: str | None = None, name: str | None = None, **options: Any) -> Broker:
+        name = name or f"test-{uuid.uuid4().hex[:10]}"
         b = start_broker(name, path or str(tmp_path / f"{name}.sqlite"), **options)
         started.append(b)
         return b
