@@ -11,9 +11,9 @@ from .errors import BrokerError
 
 
 def _bench_scenarios() -> dict[str, Callable[..., Any]]:
-    from benchmarks import activation, local
+    from benchmarks import activation, local, remote
 
-    return {"local": local.run, "activation": activation.run}
+    return {"local": local.run, "activation": activation.run, "remote": remote.run}
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--path", default=None, help="broker store file (default: a temp dir)")
     demo.set_defaults(fn=_demo)
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
-    bench.add_argument("scenario", help="local or activation")
+    bench.add_argument("scenario", help="local, remote or activation")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
