@@ -244,3 +244,27 @@ def test_killing_the_target_broker_mid_stream_delivers_everything_once_in_order(
     assert t.info()["pid"] != pid
     seen = drain(t)
     assert len(seen) == 100 and all(s == list(range(100)) for s in seen.values())
+
+
+def test_messages_for_an_unreachable_broker_wait_and_arrive_when_it_returns(make_broker, tmp_path):
+    a = make_broker(name=f"A-{uuid.uuid4().hex[:6]}")
+    t_name, t_path = f"T-{uuid.uuid4().hex[:6]}", str(tmp_path / "t.sqlite")
+    t = make_broker(t_path, name=t_name)
+    host(a)
+    host(t)
+    a.create_route("ToTarget", "Target", address=f"ray://{t_name}")
+    ray.kill(t.actor, no_restart=True)  # gone: not restarting
+    h = a.begin_dialog("Init", "Target")
+    a.apply([Send(h, "DEFAULT", [b"1", b"2"])])
+
+    def waiting_with_reason():
+        rows = a.transmission_queue()
+        return len(rows) == 2 and all(
+            "unreachable" in r["transmission_status"] and r["attempts"] >= 2 for r in rows
+        )
+
+    wait_until(waiting_with_reason, timeout=30, what="the messages to wait, saying why")
+    t = make_broker(t_path, name=t_name)  # the same broker (same store) comes back
+    [g] = t.receive("TargetQueue", wait=30)
+    assert [m.body for m in g.messages] == [b"1", b"2"]
+    wait_until(lambda: sent_out(a), what="the acknowledgement")
