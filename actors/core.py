@@ -60,7 +60,7 @@ from .errors import (
 from .locks import Lock, LockTable, QueueIndex
 from .poison import PoisonCounter
 from .readcache import ROW_OVERHEAD, ReadCache
-from .routing import Route, RouteTable, choose, match
+from .routing import Hop, Match, Route, RouteTable, choose, match
 from .store import Store
 from .transport import Transport
 
@@ -641,8 +641,9 @@ class BrokerCore:
             self._parked.add(ep.no)
             b.undo.append(lambda: self._parked.discard(ep.no))
 
-    def _routes_here(self, ep: Endpoint, now: float) -> bool:
-        """Whether the broker's own routes deliver `ep`'s dialog on this broker (LOCAL first)."""
+    def next_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
+        """Where the broker's own routes send `ep`'s messages: the match and the usable next
+        hops, best first (a route back to this broker by name is not a hop)."""
         m = match(
             self.routes["routes"],
             ep.far_service,
@@ -652,6 +653,11 @@ class BrokerCore:
             local_broker_id=self.broker_id,
         )
         hops = [] if m.delayed else choose(m, service_is_local=self.serves_here(ep))
+        return m, [h for h in hops if h.rank == "local" or h.broker != self.name]
+
+    def _routes_here(self, ep: Endpoint, now: float) -> bool:
+        """Whether the broker's own routes deliver `ep`'s dialog on this broker (LOCAL first)."""
+        hops = self.next_hops(ep, now)[1]
         return bool(hops) and hops[0].rank == "local"
 
     def _unpark(self, b: _Batch, service: str) -> None:

@@ -92,16 +92,7 @@ class Transport:
             if ep is None:
                 local.append(ep_no)  # orphans: the endpoint is gone; dropped below
                 continue
-            m = match(
-                core.routes["routes"],
-                ep.far_service,
-                ep.far_broker,
-                ep.conversation_id,
-                now,
-                local_broker_id=core.broker_id,
-            )
-            hops = [] if m.delayed else choose(m, service_is_local=core.serves_here(ep))
-            hops = [h for h in hops if h.rank == "local" or h.broker != core.name]
+            m, hops = core.next_hops(ep, now)
             if hops and hops[0].rank == "local":
                 local.append(ep_no)
                 continue
