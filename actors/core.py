@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 
+from . import views
 from .catalog import (
     DIALOG_TIMER,
     ECHO,
@@ -1171,163 +1172,39 @@ class BrokerCore:
             self.store.prune_requests(now - self.limits.request_retention_s)
         self._next_prune = now + 60.0
 
-    # --- views ------------------------------------------------------------------------------------
-
-    def endpoints_view(self) -> list[dict[str, Any]]:
-        """sys.conversation_endpoints."""
-        return [
-            {
-                "conversation_handle": ep.handle,
-                "conversation_id": ep.conversation_id,
-                "is_initiator": ep.is_initiator,
-                "service": ep.service,
-                "far_service": ep.far_service,
-                "far_broker": ep.far_broker,
-                "contract": ep.contract,
-                "conversation_group_id": self._groups[ep.group_no].group_id,
-                "state": ep.state.value,
-                "send_sequence": ep.send_seq,
-                "receive_sequence": ep.recv_seq,
-                "lifetime_expires_at": ep.expires_at,
-                "timer_due_at": ep.timer_at,
-            }
-            for ep in self._eps.values()
-        ]
+    # --- views (rows built in actors/views.py) ---------------------------------------------------
 
     def depth(self, queue: str) -> tuple[int, int]:
         """(messages waiting or locked on a queue, messages removed from it so far)."""
         idx = self._index.get(queue)
         return (idx.depth, idx.removed) if idx else (0, 0)
 
+    def endpoints_view(self) -> list[dict[str, Any]]:
+        """sys.conversation_endpoints."""
+        return views.endpoints(self)
+
     def queue_view(self, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
         """The rows of one queue, in queue order, with each message's status."""
-        self.catalog.queue(queue)
-        groups = [g.no for g in self._groups.values() if g.queue == queue]
-        out = []
-        for qo, ep_no, seq, mt, body, sent, arrived, g, status in self.store.queue_rows(
-            groups, limit
-        ):
-            ep = self._eps.get(ep_no)
-            locked = self.locks.by_group.get(g)
-            out.append(
-                {
-                    "queuing_order": qo,
-                    "status": "received"
-                    if status
-                    else (
-                        "locked"
-                        if locked and locked.first_id <= qo <= locked.last_id
-                        else "waiting"
-                    ),
-                    "conversation_group_id": self._groups[g].group_id,
-                    "conversation_handle": ep.handle if ep else None,
-                    "service": ep.service if ep else None,
-                    "message_type": mt,
-                    "sequence_number": seq,
-                    "body_size": len(body),
-                    "sent_at": sent,
-                    "arrived_at": arrived,
-                }
-            )
-        return out
+        return views.queue(self, queue, limit)
 
     def queues_view(self) -> dict[str, dict[str, Any]]:
         """Per queue: depth, locked groups, enabled, and the poison count."""
-        out = {}
-        for name, q in self.catalog.queues.items():
-            idx = self._index.get(name, QueueIndex())
-            out[name] = {
-                "depth": idx.depth,
-                "locked_groups": sum(1 for lk in self.locks.by_id.values() if lk.queue == name),
-                "enabled": q.enabled,
-                "retention": q.retention,
-                "poison_limit": q.poison_limit,
-                "rollbacks_in_a_row": self.poison.count(name),
-            }
-        return out
+        return views.queues(self)
 
     def groups_view(self, queue: str | None = None) -> list[dict[str, Any]]:
         """Conversation groups: queue, waiting messages, lock, and the group's state."""
-        out = []
-        for g in self._groups.values():
-            if queue is not None and g.queue != queue:
-                continue
-            lock = self.locks.by_group.get(g.no)
-            out.append(
-                {
-                    "conversation_group_id": g.group_id,
-                    "queue": g.queue,
-                    "conversations": g.members,
-                    "waiting": self._index.get(g.queue, QueueIndex()).pending.get(g.no, 0),
-                    "locked_by": lock.lock_id if lock else None,
-                    "state": self.store.group_state(g.no),
-                }
-            )
-        return out
+        return views.groups(self, queue)
 
     def transmission_view(self, limit: int = 1000) -> list[dict[str, Any]]:
         """sys.transmission_queue: messages waiting to leave this broker, and why."""
-        out = []
-        for (
-            tid,
-            ep_no,
-            seq,
-            mt,
-            size,
-            to_service,
-            to_broker,
-            status,
-            at,
-            attempts,
-            next_at,
-        ) in self.store.transmission_rows(limit):
-            ep = self._eps.get(ep_no)
-            out.append(
-                {
-                    "id": tid,
-                    "conversation_handle": ep.handle if ep else None,
-                    "to_service": to_service,
-                    "to_broker": to_broker,
-                    "message_type": mt,
-                    "sequence_number": seq,
-                    "body_size": size,
-                    "transmission_status": status,
-                    "attempts": attempts,
-                    "next_attempt_at": next_at,
-                    "enqueued_at": at,
-                }
-            )
-        return out
+        return views.transmission(self, limit)
 
     def events_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        return [
-            {"id": i, "at": at, "kind": kind, "subject": subject, "detail": detail}
-            for i, at, kind, subject, detail in self.store.events(after_id, limit)
-        ]
+        return views.events(self, after_id, limit)
 
     def audit_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        """Delivery records, one per committed message, oldest first (`limit` commit batches)."""
-        out = []
-        for _aid, _at, payload in self.store.audit_rows(after_id, limit):
-            for rec in msgpack.unpackb(payload, raw=False, strict_map_key=False):
-                broker, queue, received, committed, convs, ep_nos, seqs, types, sent, arr = rec
-                for i, no in enumerate(ep_nos):
-                    conv, from_initiator = convs[no]
-                    out.append(
-                        {
-                            "broker_id": broker,
-                            "queue": queue,
-                            "conversation_id": conv,
-                            "from_initiator": from_initiator,
-                            "sequence_number": seqs[i],
-                            "message_type": types[i],
-                            "sent_at": sent[i],
-                            "arrived_at": arr[i],
-                            "received_at": received,
-                            "committed_at": committed,
-                        }
-                    )
-        return out
+        """Delivery records, one per committed message, oldest first."""
+        return views.audit(self, after_id, limit)
 
 
 def _due_times(ep: Endpoint) -> tuple[float | None, float | None, float | None]:

@@ -1,0 +1,1040 @@
+"""The transport between brokers, without Ray: several in-process `BrokerCore`s on real
+:memory: stores and one fake clock, wired by `Network` exactly as the broker actor wires them
+(actors/remote/broker.py `_send`, `deliver`, `_forward`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgpack
+import pytest
+
+from actors.catalog import END_DIALOG, ERROR, Contract, MessageType, Queue, Service
+from actors.core import BrokerCore, Limits
+from actors.dialogs import CONTRACT_NOT_ACCEPTED, LIFETIME_EXPIRED, parse_error_body
+from actors.envelope import Begin, End, Message, Send
+from actors.errors import ConversationEnded
+from actors.routing import match
+from actors.store import Store
+from actors.transport import (
+    MESSAGE_REFUSED,
+    RETRY_MAX_S,
+    RETRY_MIN_S,
+    Arrival,
+    Outbound,
+    merge_replies,
+    pack_arrival,
+)
+from tests.fakes import FakeClock
+
+INIT = Service("Init", "InitQ")
+TARGET = Service("Target", "TargetQ", ("C",))
+LATER = RETRY_MAX_S + 0.01  # past any backoff
+
+
+class Unreachable(Exception):
+    """A broker that is down (or unknown): the call to it fails."""
+
+
+class Network:
+    """Named brokers and the calls between them. `down` holds the names of unreachable brokers.
+
+    `send` does what the actor's `_send` does (try the hops in order; acknowledged / failed),
+    `deliver` what its `deliver` does (arrive, relay the forwards, merge the replies)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.cores: dict[str, BrokerCore] = {}
+        self.down: set[str] = set()
+        self.calls: list[tuple[str, str]] = []  # (caller, callee) of every call that got through
+
+    def add(
+        self,
+        name: str,
+        *services: Service,
+        forwarding: bool = False,
+        json_validation: bool = False,
+    ) -> BrokerCore:
+        core = BrokerCore(Store(":memory:"), self.clock, Limits(), name)
+        core.create(MessageType("Req"))
+        core.create(MessageType("Reply"))
+        core.create(MessageType("Json", "json" if json_validation else "none"))
+        core.create(Contract("C", {"Req": "initiator", "Reply": "target", "Json": "any"}))
+        for svc in services:
+            if svc.queue not in core.catalog.queues:
+                core.create(Queue(svc.queue))
+            core.create(svc)
+        if forwarding:
+            core.configure(forwarding=True)
+        self.cores[name] = core
+        return core
+
+    def close(self) -> None:
+        for core in self.cores.values():
+            core.store.close()
+
+    def deliver(self, caller: str, callee: str, blob: bytes) -> bytes:
+        if callee in self.down or callee not in self.cores:
+            raise Unreachable(callee)
+        self.calls.append((caller, callee))
+        arrival = self.cores[callee].transport.arrive(blob)
+        replies = [pack_arrival(arrival)]
+        for hops, bundles in arrival.forwards:
+            replies.append(self._forward(callee, hops, bundles))
+        return merge_replies(replies)
+
+    def _forward(self, name: str, hops: list, bundles: list) -> bytes:
+        blob = msgpack.packb(bundles, use_bin_type=True)
+        why = "no next hop"
+        for hop in hops:
+            try:
+                return self.deliver(name, hop.broker, blob)
+            except Unreachable:
+                why = f"{name} could not forward to {hop.address} (Unreachable)"
+        return pack_arrival(Arrival(refused=[why]))
+
+    def send(self, core: BrokerCore, out: Outbound) -> None:
+        blob = out.blob()
+        why = "no next hop"
+        for hop in out.hops:
+            try:
+                reply = self.deliver(core.name, hop.broker, blob)
+            except Unreachable:
+                why = f"{hop.address} unreachable (Unreachable)"
+                continue
+            core.transport.acknowledged(out, reply)
+            return
+        core.transport.failed(out, why)
+
+    def pump(self, rounds: int = 100) -> int:
+        """Dispatch and deliver until nothing moves; returns how many batches were sent."""
+        sent = 0
+        for _ in range(rounds):
+            moved = False
+            for core in list(self.cores.values()):
+                if core.name in self.down:
+                    continue
+                for out in core.transport.dispatch():
+                    self.send(core, out)
+                    sent += 1
+                    moved = True
+            if not moved:
+                return sent
+        raise AssertionError("the network did not settle")
+
+    def later(self, seconds: float = LATER) -> int:
+        """Let the clock pass (past any backoff) and pump again."""
+        self.clock.advance(seconds)
+        return self.pump()
+
+
+@pytest.fixture
+def net():
+    n = Network(FakeClock())
+    yield n
+    n.close()
+
+
+def route(core: BrokerCore, table: str, name: str, service, address, broker=None, **kw):
+    record = {"name": name, "service_name": service, "broker_instance": broker, "address": address}
+    return core.create_route(table, {**record, **kw})
+
+
+@pytest.fixture
+def pair(net):
+    """A hosts Init, B hosts Target; each has a route to the other for the far service."""
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    return a, b
+
+
+def begin(core: BrokerCore, *bodies: bytes, to: str = "Target", frm: str = "Init", **kw) -> str:
+    op = Begin(frm, to, "C", **kw)
+    core.apply([op, Send(op.handle, "Req", list(bodies))] if bodies else [op])
+    return op.handle
+
+
+def send(core: BrokerCore, handle: str, *bodies: bytes, mt: str = "Req") -> None:
+    core.apply([Send(handle, mt, list(bodies))])
+
+
+def take(core: BrokerCore, queue: str) -> list[Message]:
+    """RECEIVE everything waiting on a queue, and commit."""
+    out: list[Message] = []
+    while groups := core.receive(queue, max_groups=1000):
+        for g in groups:
+            out += g.messages
+        core.settle(commit=[g.lock_id for g in groups])
+    return out
+
+
+def endpoint(core: BrokerCore, *, handle: str | None = None, conv: str | None = None) -> dict:
+    (ep,) = [
+        e
+        for e in core.endpoints_view()
+        if e["conversation_handle"] == handle or e["conversation_id"] == conv
+    ]
+    return ep
+
+
+def conv_of(core: BrokerCore, handle: str) -> str:
+    return endpoint(core, handle=handle)["conversation_id"]
+
+
+def unpack(reply: bytes) -> tuple[list, list]:
+    acks, refused = msgpack.unpackb(reply, raw=False)
+    return acks, refused
+
+
+def kinds(core: BrokerCore) -> list[str]:
+    return [e["kind"] for e in core.events_view()]
+
+
+# --- a dialog between two brokers --------------------------------------------------------------
+
+
+def test_messages_of_a_dialog_arrive_at_the_far_broker_in_order_exactly_once(net, pair):
+    a, b = pair
+    h = begin(a, b"m0", b"m1")
+    send(a, h, b"m2")
+    send(a, h, b"m3", b"m4")
+
+    net.pump()
+    net.later()  # nothing more goes out: each message arrived once
+
+    got = take(b, "TargetQ")
+    assert [(m.sequence_number, m.body) for m in got] == [(i, f"m{i}".encode()) for i in range(5)]
+    assert {m.conversation_id for m in got} == {conv_of(a, h)}
+    assert {m.far_service for m in got} == {"Init"}
+    assert b.depth("TargetQ") == (0, 5)
+
+
+def test_the_transmission_queue_empties_as_acknowledgements_arrive(net, pair):
+    a, b = pair
+    h = begin(a, b"m0", b"m1", b"m2")
+    assert [r["sequence_number"] for r in a.transmission_view()] == [0, 1, 2]
+
+    (out,) = a.transport.dispatch()
+    assert a.transport.dispatch() == []  # the dialog is in flight: not sent twice at once
+    reply = net.deliver("A", "B", out.blob())
+    assert len(a.transmission_view()) == 3  # not acknowledged yet
+
+    a.transport.acknowledged(out, reply)
+
+    assert a.transmission_view() == []
+    assert not a.transport.pending
+    assert endpoint(b, conv=conv_of(a, h))["receive_sequence"] == 3
+
+
+def test_the_first_acknowledgement_pins_the_far_broker_id_on_the_initiator_endpoint(net, pair):
+    a, b = pair
+    h = begin(a, b"hello")
+    assert endpoint(a, handle=h)["far_broker"] is None
+
+    net.pump()
+
+    assert endpoint(a, handle=h)["far_broker"] == b.broker_id
+    assert endpoint(b, conv=conv_of(a, h))["far_broker"] == a.broker_id
+
+
+def test_replies_come_back_over_a_route_to_the_initiator_broker(net, pair):
+    a, b = pair
+    h = begin(a, b"question")
+    net.pump()
+    (msg,) = take(b, "TargetQ")
+
+    send(b, msg.conversation_handle, b"answer", mt="Reply")
+    assert len(b.transmission_view()) == 1
+    net.pump()
+
+    (reply,) = take(a, "InitQ")
+    assert (reply.conversation_handle, reply.message_type, reply.body) == (h, "Reply", b"answer")
+    assert reply.sequence_number == 0
+    assert b.transmission_view() == []
+    assert endpoint(a, handle=h)["state"] == "CONVERSING"
+
+
+def test_replies_come_back_over_a_transport_route_when_the_service_name_carries_the_broker(net):
+    init = Service("ray://A/Init", "InitQ")
+    a = net.add("A", init)
+    b = net.add("B", TARGET)
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    route(b, "routes", "ByName", None, "TRANSPORT")
+    h = begin(a, b"question", frm=init.name)
+    net.pump()
+    (msg,) = take(b, "TargetQ")
+
+    send(b, msg.conversation_handle, b"answer", mt="Reply")
+    net.pump()
+
+    (reply,) = take(a, "InitQ")
+    assert (reply.conversation_handle, reply.body) == (h, b"answer")
+    assert b.transmission_view() == []
+
+
+def test_without_a_route_back_replies_wait_in_the_target_transmission_queue(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    begin(a, b"question")
+    net.pump()
+    (msg,) = take(b, "TargetQ")
+
+    send(b, msg.conversation_handle, b"answer", mt="Reply")
+    net.pump()
+
+    (row,) = b.transmission_view()
+    assert "no usable next hop for service 'Init'" in row["transmission_status"]
+    assert take(a, "InitQ") == []
+    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    net.later()
+    assert [m.body for m in take(a, "InitQ")] == [b"answer"]
+
+
+# --- duplicates and gaps -----------------------------------------------------------------------
+
+
+def test_a_batch_delivered_twice_is_taken_once_and_acknowledged_again(net, pair):
+    a, b = pair
+    h = begin(a, b"m0", b"m1")
+    conv = conv_of(a, h)
+    (out,) = a.transport.dispatch()
+
+    first = net.deliver("A", "B", out.blob())
+    second = net.deliver("A", "B", out.blob())
+
+    ack = [conv, True, 0, 1, b.broker_id, None, ""]
+    assert unpack(first) == ([ack], [])
+    assert unpack(second) == ([ack], [])
+    assert b.depth("TargetQ") == (2, 0)
+    a.transport.acknowledged(out, second)
+    assert a.transmission_view() == []
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+
+
+def test_a_resend_overlapping_what_arrived_acknowledges_both_ranges_and_delivers_only_the_new(
+    net, pair
+):
+    a, b = pair
+    h = begin(a, b"m0", b"m1")
+    conv = conv_of(a, h)
+    (out,) = a.transport.dispatch()
+    net.deliver("A", "B", out.blob())
+    a.transport.failed(out, "the reply was lost")  # so m0, m1 are sent again with m2
+    send(a, h, b"m2")
+
+    net.later()
+
+    assert a.transmission_view() == []
+    got = take(b, "TargetQ")
+    assert [(m.sequence_number, m.body) for m in got] == [(0, b"m0"), (1, b"m1"), (2, b"m2")]
+    # what the resend's reply said, replayed by hand:
+    bundle = [conv, "Init", "Target", None, a.broker_id, True, "C", None, 16]
+    bundle += [[1, 2], ["Req", "Req"], [b"m1", b"m2"], [0.0, 0.0]]
+    acks, refused = unpack(net.deliver("A", "B", msgpack.packb([bundle], use_bin_type=True)))
+    assert acks == [[conv, True, 1, 2, b.broker_id, None, ""]]
+    assert b.depth("TargetQ") == (0, 3)
+
+
+def test_later_sequence_numbers_first_wait_for_the_resend_then_arrive_in_order(net, pair):
+    a, b = pair
+    h = begin(a, b"m0")
+    net.pump()
+    send(a, h, b"m1", b"m2", b"m3")
+    (out,) = a.transport.dispatch()
+    bundle = msgpack.unpackb(out.blob(), raw=False)[0]
+    assert bundle[9] == [1, 2, 3]
+    gap = bundle[:9] + [col[1:] for col in bundle[9:]]  # m2, m3 without m1
+
+    reply = net.deliver("A", "B", msgpack.packb([gap], use_bin_type=True))
+
+    assert unpack(reply) == ([], [])
+    assert endpoint(b, conv=conv_of(a, h))["receive_sequence"] == 1
+    a.transport.acknowledged(out, reply)
+    rows = a.transmission_view()
+    assert [r["sequence_number"] for r in rows] == [1, 2, 3]
+    assert {r["transmission_status"] for r in rows} == {"ray://B: sent, not acknowledged yet"}
+    assert net.pump() == 0  # retried only when due
+
+    net.later(RETRY_MIN_S)
+
+    assert a.transmission_view() == []
+    got = take(b, "TargetQ")
+    assert [(m.sequence_number, m.body) for m in got] == [(i, f"m{i}".encode()) for i in range(4)]
+
+
+def test_a_first_message_that_arrives_late_creates_no_endpoint_until_it_comes(net, pair):
+    a, b = pair
+    h = begin(a, b"m0", b"m1")
+    (out,) = a.transport.dispatch()
+    bundle = msgpack.unpackb(out.blob(), raw=False)[0]
+    gap = bundle[:9] + [col[1:] for col in bundle[9:]]
+
+    reply = net.deliver("A", "B", msgpack.packb([gap], use_bin_type=True))
+
+    assert unpack(reply) == ([], [])
+    assert b.endpoints_view() == []
+    a.transport.acknowledged(out, reply)
+    net.later(RETRY_MIN_S)
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+    assert endpoint(a, handle=h)["far_broker"] == b.broker_id
+
+
+# --- no route: delayed, not an error -------------------------------------------------------------
+
+
+def test_a_dialog_with_no_route_is_delayed_with_a_status_and_delivered_once_a_route_exists(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    h = begin(a, b"m0", b"m1")  # no error: AutoCreatedLocal matches, but Target is not here
+
+    net.pump()
+
+    rows = a.transmission_view()
+    assert [r["sequence_number"] for r in rows] == [0, 1]
+    for r in rows:
+        assert "no usable next hop for service 'Target'" in r["transmission_status"]
+        assert "waiting for a route" in r["transmission_status"]
+        assert r["attempts"] == 1
+    assert take(a, "InitQ") == []  # no Error
+    assert endpoint(a, handle=h)["state"] == "CONVERSING"
+
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    net.later()
+
+    assert a.transmission_view() == []
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+
+
+def test_with_no_route_at_all_the_status_says_the_dialog_is_delayed_and_how_to_fix_it(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    a.drop_route("routes", "AutoCreatedLocal")
+    begin(a, b"m0")
+
+    net.pump()
+    net.later()
+
+    (row,) = a.transmission_view()
+    assert row["transmission_status"].startswith("delayed: no live route matches service")
+    assert "Create a route for 'Target'" in row["transmission_status"]
+    assert row["attempts"] == 2
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0"]
+
+
+# --- an unreachable broker ---------------------------------------------------------------------
+
+
+def test_an_unreachable_broker_keeps_messages_queued_with_why_and_growing_backoff(net, pair):
+    a, b = pair
+    net.down.add("B")
+    h = begin(a, b"m0", b"m1")
+
+    for attempts, delay in [(1, 0.05), (2, 0.1), (3, 0.2), (4, 0.4)]:
+        net.pump()
+        rows = a.transmission_view()
+        assert [r["sequence_number"] for r in rows] == [0, 1]
+        for r in rows:
+            assert r["transmission_status"] == "ray://B unreachable (Unreachable)"
+            assert r["attempts"] == attempts
+            assert r["next_attempt_at"] == pytest.approx(net.clock.now + delay)
+        assert net.pump() == 0  # not due again before its backoff
+        net.clock.advance(delay)
+    assert endpoint(a, handle=h)["far_broker"] is None
+
+
+def test_when_an_unreachable_broker_comes_back_everything_arrives_once_in_order(net, pair):
+    a, b = pair
+    net.down.add("B")
+    h = begin(a, b"m0")
+    net.pump()
+    send(a, h, b"m1")
+    net.later(0.05)
+    send(a, h, b"m2", b"m3")
+    net.later(0.05)
+    assert len(a.transmission_view()) == 4
+
+    net.down.discard("B")
+    net.later()
+
+    assert a.transmission_view() == []
+    got = take(b, "TargetQ")
+    assert [(m.sequence_number, m.body) for m in got] == [(i, f"m{i}".encode()) for i in range(4)]
+    net.later()
+    assert take(b, "TargetQ") == []
+
+
+def test_the_backoff_stops_growing_at_five_seconds(net, pair):
+    a, _ = pair
+    net.down.add("B")
+    begin(a, b"m0")
+    for _ in range(12):
+        net.later()
+    (row,) = a.transmission_view()
+    assert row["attempts"] == 12
+    assert row["next_attempt_at"] == pytest.approx(net.clock.now + RETRY_MAX_S)
+
+
+# --- load balancing (seed 002) -----------------------------------------------------------------
+
+
+@pytest.fixture
+def balanced(net):
+    """A routes Target to two broker ids, B and C (seed 002's LoadBalancingRoute1/2)."""
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    c = net.add("C", TARGET)
+    route(a, "routes", "LoadBalancingRoute1", "Target", "ray://B", b.broker_id)
+    route(a, "routes", "LoadBalancingRoute2", "Target", "ray://C", c.broker_id)
+    for far in (b, c):
+        route(far, "routes", "ReturnRoute", "Init", "ray://A", a.broker_id)
+    return a, b, c
+
+
+def begin_many(core: BrokerCore, n: int, body: bytes = b"m0") -> list[str]:
+    ops: list = []
+    for _ in range(n):
+        op = Begin("Init", "Target", "C")
+        ops += [op, Send(op.handle, "Req", body)]
+    core.apply(ops)
+    return [op.handle for op in ops[::2]]
+
+
+def landed(*cores: BrokerCore) -> dict[str, list[str]]:
+    """conversation id -> names of the brokers holding a target endpoint for it."""
+    out: dict[str, list[str]] = {}
+    for core in cores:
+        for e in core.endpoints_view():
+            if not e["is_initiator"]:
+                out.setdefault(e["conversation_id"], []).append(core.name)
+    return out
+
+
+def test_1000_dialogs_without_a_broker_id_split_within_10_percent_of_even(net, balanced):
+    a, b, c = balanced
+    handles = begin_many(a, 1000)
+
+    net.pump()
+
+    where = landed(b, c)
+    assert len(where) == 1000
+    assert all(len(names) == 1 for names in where.values())
+    split = Counter(names[0] for names in where.values())
+    assert abs(split["B"] - 500) <= 50 and abs(split["C"] - 500) <= 50
+    assert a.transmission_view() == []
+    ids = {"B": b.broker_id, "C": c.broker_id}
+    eps = {e["conversation_handle"]: e for e in a.endpoints_view()}
+    for h in handles:
+        assert eps[h]["far_broker"] == ids[where[eps[h]["conversation_id"]][0]]
+
+
+def test_every_message_of_a_dialog_goes_to_one_broker_even_before_an_ack_pins_it(net, balanced):
+    a, b, c = balanced
+    handles = begin_many(a, 100)
+    for out in a.transport.dispatch():
+        for hop in out.hops:
+            net.deliver("A", hop.broker, out.blob())
+            break
+        a.transport.failed(out, "the replies were lost")  # nothing is pinned
+    assert {e["far_broker"] for e in a.endpoints_view()} == {None}
+    a.apply([Send(h, "Req", b"m1") for h in handles])
+
+    net.later()
+
+    where = landed(b, c)
+    assert len(where) == 100 and all(len(names) == 1 for names in where.values())
+    for far in (b, c):
+        assert {e["receive_sequence"] for e in far.endpoints_view()} <= {2}
+    assert len(take(b, "TargetQ")) + len(take(c, "TargetQ")) == 200
+    assert set(Counter(names[0] for names in where.values())) == {"B", "C"}
+
+
+def test_a_second_route_to_one_broker_id_does_not_skew_the_split(net, balanced):
+    a, b, c = balanced
+    two_routes = [a.routes["routes"].get(n) for n in ("LoadBalancingRoute1", "LoadBalancingRoute2")]
+    route(a, "routes", "LoadBalancingRoute3", "Target", "ray://C", c.broker_id)
+    handles = begin_many(a, 1000)
+
+    net.pump()
+
+    where = landed(b, c)
+    split = Counter(names[0] for names in where.values())
+    assert abs(split["B"] - 500) <= 50 and abs(split["C"] - 500) <= 50
+    # and no dialog went anywhere else than it would have with two routes
+    ids = {b.broker_id: "B", c.broker_id: "C"}
+    convs = {e["conversation_handle"]: e["conversation_id"] for e in a.endpoints_view()}
+    for h in handles:
+        conv = convs[h]
+        m = match(two_routes, "Target", None, conv, net.clock.now, local_broker_id=a.broker_id)
+        assert where[conv] == [ids[m.broker_instance]]
+
+
+# --- high availability (seed 002) --------------------------------------------------------------
+
+
+@pytest.fixture
+def gateways(net):
+    """A reaches B only through GatewayA or GatewayB (seed 002's high availability example)."""
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    gws = [net.add(n, forwarding=True) for n in ("GatewayA", "GatewayB")]
+    for i, gw in enumerate(gws, 1):
+        route(a, "routes", f"HighAvailabilityRoute{i}", "Target", f"ray://{gw.name}", b.broker_id)
+        route(b, "routes", f"ReturnRoute{i}", "Init", f"ray://{gw.name}", a.broker_id)
+        route(gw, "instance", "ForwardingRoute", "Target", "ray://B", b.broker_id)
+        route(gw, "instance", "ForwardingReturnRoute", "Init", "ray://A", a.broker_id)
+    return a, b
+
+
+def test_with_one_forwarder_down_messages_and_replies_flow_through_the_other(net, gateways):
+    a, b = gateways
+    net.down.add("GatewayA")
+    h = begin(a, b"m0", b"m1")
+
+    net.pump()
+
+    got = take(b, "TargetQ")
+    assert [m.body for m in got] == [b"m0", b"m1"]
+    assert ("A", "GatewayB") in net.calls and ("GatewayB", "B") in net.calls
+    assert a.transmission_view() == []
+    assert endpoint(a, handle=h)["far_broker"] == b.broker_id  # the owner acked, not a gateway
+
+    send(b, got[0].conversation_handle, b"answer", mt="Reply")
+    net.pump()
+    assert [m.body for m in take(a, "InitQ")] == [b"answer"]
+    assert ("B", "GatewayB") in net.calls and ("GatewayB", "A") in net.calls
+    assert not any("GatewayA" in call for call in net.calls)
+
+    net.down = {"GatewayB"}
+    send(a, h, b"m2")
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m2"]
+    assert ("GatewayA", "B") in net.calls
+
+
+def test_the_target_drops_the_duplicate_when_both_forwarders_deliver_a_batch(net, gateways):
+    a, b = gateways
+    h = begin(a, b"m0", b"m1")
+    conv = conv_of(a, h)
+    (out,) = a.transport.dispatch()
+    assert sorted(hop.broker for hop in out.hops) == ["GatewayA", "GatewayB"]
+
+    via_a = net.deliver("A", "GatewayA", out.blob())
+    via_b = net.deliver("A", "GatewayB", out.blob())
+
+    ack = [conv, True, 0, 1, b.broker_id, None, ""]
+    assert unpack(via_a) == ([ack], []) and unpack(via_b) == ([ack], [])
+    a.transport.acknowledged(out, via_b)
+    assert a.transmission_view() == []
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+    assert len(b.endpoints_view()) == 1
+
+
+def test_with_both_forwarders_down_messages_wait_with_backoff(net, gateways):
+    a, _ = gateways
+    net.down.update({"GatewayA", "GatewayB"})
+    begin(a, b"m0")
+
+    net.pump()
+    net.later(0.05)
+
+    (row,) = a.transmission_view()
+    assert row["attempts"] == 2
+    assert "unreachable" in row["transmission_status"]
+
+
+# --- forwarding --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def via_forwarder(net):
+    """A reaches B through F (forwarding off until a test turns it on)."""
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    f = net.add("F")
+    route(a, "routes", "ToTarget", "Target", "ray://F")
+    route(b, "routes", "ToInit", "Init", "ray://F", a.broker_id)
+    route(f, "instance", "FwdTarget", "Target", "ray://B")
+    route(f, "instance", "FwdInit", "Init", "ray://A", a.broker_id)
+    return a, b, f
+
+
+def test_a_broker_with_forwarding_off_refuses_to_relay_and_nothing_is_acknowledged(
+    net, via_forwarder
+):
+    a, b, f = via_forwarder
+    h = begin(a, b"m0")
+    (out,) = a.transport.dispatch()
+
+    reply = net.deliver("A", "F", out.blob())
+
+    acks, refused = unpack(reply)
+    assert acks == []
+    assert refused == [
+        "F has no way to 'Target': routed by step 2, service without broker instance: "
+        "FwdTarget (forwarding is off)"
+    ]
+    a.transport.acknowledged(out, reply)
+    (row,) = a.transmission_view()
+    assert row["transmission_status"] == f"ray://F: {refused[0]}"
+    assert b.endpoints_view() == [] and f.endpoints_view() == []
+    assert endpoint(a, handle=h)["far_broker"] is None
+
+
+def test_a_forwarder_relays_both_ways_once_forwarding_is_on_and_acks_come_from_the_owner(
+    net, via_forwarder
+):
+    a, b, f = via_forwarder
+    h = begin(a, b"m0")
+    net.pump()
+    assert a.transmission_view() != []
+
+    f.configure(forwarding=True)
+    net.later()
+
+    (msg,) = take(b, "TargetQ")
+    assert endpoint(a, handle=h)["far_broker"] == b.broker_id
+    assert f.endpoints_view() == []
+    send(b, msg.conversation_handle, b"answer", mt="Reply")
+    net.pump()
+    assert [m.body for m in take(a, "InitQ")] == [b"answer"]
+    assert a.transmission_view() == [] and b.transmission_view() == []
+
+
+def test_an_unreachable_broker_behind_a_forwarder_is_retried_with_backoff(net, via_forwarder):
+    a, b, f = via_forwarder
+    f.configure(forwarding=True)
+    net.down.add("B")
+    begin(a, b"m0")
+
+    for attempts, delay in [(1, 0.05), (2, 0.1), (3, 0.2)]:
+        net.pump()
+        (row,) = a.transmission_view()
+        assert row["transmission_status"] == "ray://F: F could not forward to ray://B (Unreachable)"
+        assert row["attempts"] == attempts
+        assert row["next_attempt_at"] == pytest.approx(net.clock.now + delay)
+        net.clock.advance(delay)
+
+    net.down.clear()
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0"]
+    assert a.transmission_view() == []
+
+
+def test_a_routing_loop_between_two_forwarders_is_cut_by_the_hop_count(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    f1 = net.add("F1", forwarding=True)
+    f2 = net.add("F2", forwarding=True)
+    route(a, "routes", "ToTarget", "Target", "ray://F1")
+    route(f1, "instance", "Loop", "Target", "ray://F2")
+    route(f2, "instance", "Loop", "Target", "ray://F1")
+    h = begin(a, b"m0")
+
+    net.pump()
+
+    assert "HopLimit" in kinds(f1) + kinds(f2)
+    (row,) = a.transmission_view()
+    assert "hop limit reached" in row["transmission_status"]
+    assert b.endpoints_view() == [] and f1.endpoints_view() == [] and f2.endpoints_view() == []
+    assert endpoint(a, handle=h)["far_broker"] is None
+
+    f2.alter_route("instance", "Loop", {"address": "ray://B"})  # the loop is fixed
+    net.later()
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0"]  # once
+    assert a.transmission_view() == []
+
+
+def test_a_broker_not_forwarding_drops_a_bundle_addressed_to_another_broker_id(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    c = net.add("C", TARGET)
+    route(a, "routes", "Misrouted", "Target", "ray://B", c.broker_id)  # C's id, B's address
+    h = begin(a, b"m0", to_broker=c.broker_id)
+    (out,) = a.transport.dispatch()
+
+    reply = net.deliver("A", "B", out.blob())
+
+    acks, refused = unpack(reply)
+    assert acks == []
+    assert refused == [f"B is broker {b.broker_id}, not {c.broker_id}; dropped"]
+    assert b.endpoints_view() == [] and b.depth("TargetQ") == (0, 0)
+    a.transport.acknowledged(out, reply)
+    assert endpoint(a, handle=h)["far_broker"] == c.broker_id  # as begun; nothing pinned it
+    (row,) = a.transmission_view()
+    assert row["transmission_status"] == f"ray://B: {refused[0]}"
+    assert c.endpoints_view() == []
+
+
+def test_after_the_pin_a_route_to_another_instance_of_the_service_gets_its_messages_dropped(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    c = net.add("C", TARGET)
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    h = begin(a, b"m0")
+    net.pump()
+    a.drop_route("routes", "ToTarget")
+    route(a, "routes", "ToTarget", "Target", "ray://C")
+
+    send(a, h, b"m1")
+    net.pump()
+
+    assert c.endpoints_view() == [] and c.depth("TargetQ") == (0, 0)
+    (row,) = a.transmission_view()
+    assert f"not {b.broker_id}; dropped" in row["transmission_status"]
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0"]
+
+
+# --- validation and contracts on arrival -------------------------------------------------------
+
+
+def test_a_message_failing_validation_on_arrival_ends_the_dialog_with_an_error_on_both_sides(net):
+    a = net.add("A", INIT)  # A does not validate Json: the body leaves unchecked
+    b = net.add("B", TARGET, json_validation=True)
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    h = begin(a, b"fine")
+    net.pump()
+    send(a, h, b"{not json", mt="Json")
+
+    net.pump()
+
+    assert a.transmission_view() == []
+    (err,) = take(a, "InitQ")
+    assert err.message_type == ERROR and err.conversation_handle == h
+    code, description = parse_error_body(err.body)
+    assert code == MESSAGE_REFUSED and description
+    assert endpoint(a, handle=h)["state"] == "ERROR"
+    target = endpoint(b, conv=conv_of(a, h))
+    assert target["state"] == "ERROR"
+    got = take(b, "TargetQ")
+    assert [m.message_type for m in got] == ["Req", ERROR]
+    assert parse_error_body(got[1].body)[0] == MESSAGE_REFUSED
+    with pytest.raises(ConversationEnded):
+        send(a, h, b"more")
+
+
+def test_the_target_not_accepting_the_contract_sends_the_initiator_an_error(net):
+    a = net.add("A", INIT)
+    b = net.add("B", Service("Target", "TargetQ", ("DEFAULT",)))
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    h = begin(a, b"m0")
+
+    net.pump()
+
+    (err,) = take(a, "InitQ")
+    assert err.message_type == ERROR
+    code, description = parse_error_body(err.body)
+    assert code == CONTRACT_NOT_ACCEPTED
+    assert "does not accept contract 'C'" in description
+    assert endpoint(a, handle=h)["state"] == "ERROR"
+    assert b.endpoints_view() == [] and a.transmission_view() == []
+
+
+# --- ending dialogs across brokers -------------------------------------------------------------
+
+END_BUG = (
+    "BUG: BrokerCore._end passes far_exists=(far is not None or ep.no in self._parked), which "
+    "is False for a dialog whose far endpoint is on another broker once its transmission queue "
+    "is empty: the endpoint closes at once and no EndDialog / Error is sent"
+)
+
+
+def _conversing(net, pair) -> tuple[BrokerCore, BrokerCore, str, str]:
+    a, b = pair
+    h = begin(a, b"m0")
+    net.pump()
+    (msg,) = take(b, "TargetQ")
+    return a, b, h, msg.conversation_handle
+
+
+def test_end_dialog_sent_behind_a_message_arrives_and_both_sides_end_closed(net, pair):
+    a, b, h, t = _conversing(net, pair)
+
+    a.apply([Send(h, "Req", b"last"), End(h)])
+    assert endpoint(a, handle=h)["state"] == "DISCONNECTED_OUTBOUND"
+    net.pump()
+
+    assert [m.message_type for m in take(b, "TargetQ")] == ["Req", END_DIALOG]
+    assert endpoint(b, handle=t)["state"] == "DISCONNECTED_INBOUND"
+    assert endpoint(a, handle=h)["state"] == "CLOSED"  # its EndDialog was acknowledged
+    b.apply([End(t)])
+    net.pump()
+    assert endpoint(b, handle=t)["state"] == "CLOSED"
+    assert a.transmission_view() == [] and b.transmission_view() == []
+
+
+def test_when_both_sides_end_at_once_each_closes_on_the_far_end_dialog(net, pair):
+    a, b, h, t = _conversing(net, pair)
+
+    a.apply([Send(h, "Req", b"x"), End(h)])
+    b.apply([Send(t, "Reply", b"y"), End(t)])
+    assert endpoint(a, handle=h)["state"] == "DISCONNECTED_OUTBOUND"
+    assert endpoint(b, handle=t)["state"] == "DISCONNECTED_OUTBOUND"
+    net.pump()
+
+    assert endpoint(a, handle=h)["state"] == "CLOSED"
+    assert endpoint(b, handle=t)["state"] == "CLOSED"
+    assert a.transmission_view() == [] and b.transmission_view() == []
+
+
+@pytest.mark.xfail(strict=True, reason=END_BUG)
+def test_ending_an_idle_dialog_sends_end_dialog_and_the_initiator_closes_when_it_is_acked(
+    net, pair
+):
+    a, b, h, t = _conversing(net, pair)
+
+    a.apply([End(h)])
+    assert endpoint(a, handle=h)["state"] == "DISCONNECTED_OUTBOUND"
+    net.pump()
+
+    assert [m.message_type for m in take(b, "TargetQ")] == [END_DIALOG]
+    assert endpoint(b, handle=t)["state"] == "DISCONNECTED_INBOUND"
+    assert endpoint(a, handle=h)["state"] == "CLOSED"
+    b.apply([End(t)])
+    assert endpoint(b, handle=t)["state"] == "CLOSED"
+
+
+@pytest.mark.xfail(strict=True, reason=END_BUG)
+def test_the_target_ending_first_closes_both_once_the_initiator_ends(net, pair):
+    a, b, h, t = _conversing(net, pair)
+
+    b.apply([End(t)])
+    net.pump()
+    assert [m.message_type for m in take(a, "InitQ")] == [END_DIALOG]
+    assert endpoint(a, handle=h)["state"] == "DISCONNECTED_INBOUND"
+    assert endpoint(b, handle=t)["state"] == "CLOSED"
+
+    a.apply([End(h)])
+    net.pump()
+    assert endpoint(a, handle=h)["state"] == "CLOSED"
+    assert a.transmission_view() == []
+
+
+@pytest.mark.xfail(strict=True, reason=END_BUG)
+def test_ending_an_idle_dialog_with_an_error_sends_the_far_side_an_error(net, pair):
+    a, b, h, t = _conversing(net, pair)
+
+    a.apply([End(h, error_code=50001, description="gave up")])
+    net.pump()
+
+    (err,) = take(b, "TargetQ")
+    assert err.message_type == ERROR and parse_error_body(err.body) == (50001, "gave up")
+    assert endpoint(b, handle=t)["state"] == "ERROR"
+
+
+def test_ended_dialogs_are_purged_on_both_brokers_after_the_closed_retention(net, pair):
+    a, b, h, t = _conversing(net, pair)
+    a.apply([Send(h, "Req", b"last"), End(h)])
+    net.pump()
+    b.apply([End(t)])
+    net.pump()
+
+    net.clock.advance(Limits().closed_retention_s + 1)
+    a.tick()
+    b.tick()
+
+    assert a.endpoints_view() == [] and b.endpoints_view() == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: an EndDialog (or Error) arriving at a DISCONNECTED_OUTBOUND endpoint closes it "
+    "through dialogs.on_arrival, which sets state CLOSED but not closed_at, so no purge is ever "
+    "scheduled and the endpoint stays forever",
+)
+def test_endpoints_closed_by_crossing_end_dialogs_are_purged_after_the_closed_retention(net, pair):
+    a, b, h, t = _conversing(net, pair)
+    a.apply([Send(h, "Req", b"x"), End(h)])
+    b.apply([Send(t, "Reply", b"y"), End(t)])
+    net.pump()
+    assert endpoint(a, handle=h)["state"] == endpoint(b, handle=t)["state"] == "CLOSED"
+
+    net.clock.advance(Limits().closed_retention_s + 1)
+    a.tick()
+    b.tick()
+
+    assert a.endpoints_view() == [] and b.endpoints_view() == []
+
+
+# --- lifetime ----------------------------------------------------------------------------------
+
+
+def test_lifetime_expiry_removes_the_dialogs_waiting_transmission_rows(net, pair):
+    a, b = pair
+    net.down.add("B")
+    h = begin(a, b"m0", b"m1", lifetime=10)
+    other = begin(a, b"keep")
+    net.pump()
+    assert len(a.transmission_view()) == 3
+
+    net.clock.advance(11)
+    a.tick()
+
+    rows = a.transmission_view()
+    assert [r["conversation_handle"] for r in rows] == [other]
+    (err,) = take(a, "InitQ")
+    assert err.conversation_handle == h and parse_error_body(err.body)[0] == LIFETIME_EXPIRED
+    assert endpoint(a, handle=h)["state"] == "ERROR"
+    net.down.clear()
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"keep"]
+
+
+# --- the multiple target endpoints hazard (seed 002) --------------------------------------------
+
+
+def test_routes_to_different_brokers_for_one_service_without_broker_ids_warn_and_record_an_event(
+    net,
+):
+    a = net.add("A", INIT)
+    assert route(a, "routes", "ToB", "Target", "ray://B") == []
+
+    warnings = route(a, "routes", "ToC", "Target", "ray://C")
+
+    (warning,) = warnings
+    assert "multiple target endpoints" in warning and "broker_instance" in warning
+    events = [e for e in a.events_view() if e["kind"] == "RouteWarning"]
+    assert [(e["subject"], e["detail"]) for e in events] == [("ToC", warning)]
+
+
+def test_routes_to_different_brokers_with_broker_ids_do_not_warn(net, balanced):
+    a, _, _ = balanced
+    assert "RouteWarning" not in kinds(a)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: Transport._take delivers a message from a broker other than the one the "
+    "endpoint is pinned to (no from_broker check), so a second target endpoint's reply "
+    "enters the dialog and the real target's reply is later dropped as a duplicate",
+)
+def test_a_second_target_endpoint_cannot_reply_into_a_dialog_pinned_to_the_first(net):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    c = net.add("C", TARGET)
+    route(a, "routes", "ToB", "Target", "ray://B")
+    route(a, "routes", "ToC", "Target", "ray://C")  # the hazard
+    for far in (b, c):
+        route(far, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    h = begin(a, b"m0")
+    (out,) = a.transport.dispatch()
+    from_b = net.deliver("A", "B", out.blob())
+    net.deliver("A", "C", out.blob())  # the transport sent it both ways
+    a.transport.acknowledged(out, from_b)  # pinned to B
+    assert endpoint(a, handle=h)["far_broker"] == b.broker_id
+    (at_c,) = take(c, "TargetQ")
+    send(c, at_c.conversation_handle, b"from C", mt="Reply")
+    net.pump()  # C's reply reaches A
+
+    (at_b,) = take(b, "TargetQ")
+    send(b, at_b.conversation_handle, b"from B", mt="Reply")
+    net.pump()
+
+    assert [m.body for m in take(a, "InitQ")] == [b"from B"]
