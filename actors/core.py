@@ -370,6 +370,7 @@ class BrokerCore:
             st.delete_route(table, r.name)
         for r in self.routes[table].routes():
             st.put_route(table, r.name, r.to_record())
+        st.retry_all_now()  # delayed dialogs may have a way now
         b.undo.append(lambda: self.routes.__setitem__(table, RouteTable(before)))
 
     def create_route(
@@ -714,6 +715,8 @@ class BrokerCore:
             self._transmit(b, far, ECHO, bodies)
             return
         on_arrival(far, mt)
+        if far.state is State.CLOSED:
+            self._close(b, far)  # both sides have now ended: schedule its purge
         if self._echoes(far, None) and far.state is not State.CONVERSING:
             # The broker answers Echo dialogs itself, so it also ends them itself.
             self._close(b, far)
@@ -743,7 +746,16 @@ class BrokerCore:
         b.touch(ep)
         if mt == ERROR:
             on_arrival(ep, mt)
+            if ep.state is State.CLOSED:
+                self._close(b, ep)
         self._enqueue(b, ep, mt, [body], -1)
+
+    def _far_exists(self, ep: Endpoint, far: Endpoint | None) -> bool:
+        """Whether this dialog has a far endpoint to tell: here, still on its way (messages in
+        the transmission queue), or on a broker that has answered (its id is pinned)."""
+        return (
+            far is not None or ep.no in self._parked or ep.far_broker not in (None, self.broker_id)
+        )
 
     def _end(self, b: _Batch, op: End, held: frozenset[int]) -> None:
         ep = self._endpoint(op.handle)
@@ -761,9 +773,7 @@ class BrokerCore:
             b.dead_endpoints.append(ep)
             return
         far = self._far(ep)
-        plan = plan_end(
-            ep, op.error_code, op.description, far_exists=far is not None or ep.no in self._parked
-        )
+        plan = plan_end(ep, op.error_code, op.description, far_exists=self._far_exists(ep, far))
         if plan.notify is not None:
             self._transmit(b, ep, plan.notify, [plan.body])
         b.touch(ep)

@@ -287,6 +287,10 @@ class Store:
             ((status, now, i) for i in ids),
         )
 
+    def retry_all_now(self) -> None:
+        """Make every waiting row due (a route changed: no need to wait out the backoff)."""
+        self.db.execute("UPDATE transmission SET next_attempt=0 WHERE next_attempt > 0")
+
     def delete_acknowledged(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """ranges: (endpoint_no, first_seq, last_seq) acknowledged by the far broker."""
         self.db.executemany(

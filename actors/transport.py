@@ -165,8 +165,8 @@ class Transport:
             done: list[tuple[int, int, int]] = []
             for conv, from_initiator, first, last, owner, code, description in acks:
                 ep = core._convs.get((conv, from_initiator))
-                if ep is None:
-                    continue
+                if ep is None or ep.far_broker not in (None, owner):
+                    continue  # another broker answering a dialog pinned elsewhere: ignored
                 if ep.far_broker is None:
                     b.touch(ep)
                     ep.far_broker = owner  # from now on only this broker is targeted
@@ -318,6 +318,19 @@ class Transport:
                 expires_at=expires_at,
                 far_broker=from_broker,
             )
+        if ep.far_broker not in (None, from_broker):
+            # seed 002's "multiple target endpoints": a second broker answers a dialog that is
+            # bound to another; refuse it so that broker's side of the dialog errors
+            return [
+                self._nack(
+                    conv,
+                    from_initiator,
+                    seqs,
+                    CONVERSATION_NOT_FOUND,
+                    f"conversation {conv} is bound to broker {ep.far_broker}, not "
+                    f"{from_broker}; give the routes broker instance ids",
+                )
+            ]
         if ep.far_broker is None:
             b.touch(ep)
             ep.far_broker = from_broker

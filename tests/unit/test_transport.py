@@ -839,12 +839,6 @@ def test_the_target_not_accepting_the_contract_sends_the_initiator_an_error(net)
 
 # --- ending dialogs across brokers -------------------------------------------------------------
 
-END_BUG = (
-    "BUG: BrokerCore._end passes far_exists=(far is not None or ep.no in self._parked), which "
-    "is False for a dialog whose far endpoint is on another broker once its transmission queue "
-    "is empty: the endpoint closes at once and no EndDialog / Error is sent"
-)
-
 
 def _conversing(net, pair) -> tuple[BrokerCore, BrokerCore, str, str]:
     a, b = pair
@@ -884,7 +878,6 @@ def test_when_both_sides_end_at_once_each_closes_on_the_far_end_dialog(net, pair
     assert a.transmission_view() == [] and b.transmission_view() == []
 
 
-@pytest.mark.xfail(strict=True, reason=END_BUG)
 def test_ending_an_idle_dialog_sends_end_dialog_and_the_initiator_closes_when_it_is_acked(
     net, pair
 ):
@@ -901,7 +894,6 @@ def test_ending_an_idle_dialog_sends_end_dialog_and_the_initiator_closes_when_it
     assert endpoint(b, handle=t)["state"] == "CLOSED"
 
 
-@pytest.mark.xfail(strict=True, reason=END_BUG)
 def test_the_target_ending_first_closes_both_once_the_initiator_ends(net, pair):
     a, b, h, t = _conversing(net, pair)
 
@@ -917,7 +909,6 @@ def test_the_target_ending_first_closes_both_once_the_initiator_ends(net, pair):
     assert a.transmission_view() == []
 
 
-@pytest.mark.xfail(strict=True, reason=END_BUG)
 def test_ending_an_idle_dialog_with_an_error_sends_the_far_side_an_error(net, pair):
     a, b, h, t = _conversing(net, pair)
 
@@ -943,12 +934,6 @@ def test_ended_dialogs_are_purged_on_both_brokers_after_the_closed_retention(net
     assert a.endpoints_view() == [] and b.endpoints_view() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an EndDialog (or Error) arriving at a DISCONNECTED_OUTBOUND endpoint closes it "
-    "through dialogs.on_arrival, which sets state CLOSED but not closed_at, so no purge is ever "
-    "scheduled and the endpoint stays forever",
-)
 def test_endpoints_closed_by_crossing_end_dialogs_are_purged_after_the_closed_retention(net, pair):
     a, b, h, t = _conversing(net, pair)
     a.apply([Send(h, "Req", b"x"), End(h)])
@@ -1009,12 +994,6 @@ def test_routes_to_different_brokers_with_broker_ids_do_not_warn(net, balanced):
     assert "RouteWarning" not in kinds(a)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Transport._take delivers a message from a broker other than the one the "
-    "endpoint is pinned to (no from_broker check), so a second target endpoint's reply "
-    "enters the dialog and the real target's reply is later dropped as a duplicate",
-)
 def test_a_second_target_endpoint_cannot_reply_into_a_dialog_pinned_to_the_first(net):
     a = net.add("A", INIT)
     b = net.add("B", TARGET)
