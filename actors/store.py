@@ -38,7 +38,6 @@ CREATE TABLE IF NOT EXISTS transmission (
     type TEXT NOT NULL, body BLOB NOT NULL, to_service TEXT NOT NULL, to_broker TEXT,
     status TEXT NOT NULL, enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt REAL NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS transmission_service ON transmission (to_service, id);
 CREATE INDEX IF NOT EXISTS transmission_endpoint ON transmission (endpoint_no, seq);
 CREATE TABLE IF NOT EXISTS routes (
     tbl TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (tbl, name));
@@ -296,19 +295,6 @@ class Store:
         self.db.executemany(
             "DELETE FROM transmission WHERE endpoint_no=? AND seq BETWEEN ? AND ?", ranges
         )
-
-    def existing_transmission(self, ids: Sequence[int]) -> list[int]:
-        out: list[int] = []
-        for i in range(0, len(ids), 500):
-            chunk = list(ids[i : i + 500])
-            marks = ",".join("?" * len(chunk))
-            out += [
-                r[0]
-                for r in self.db.execute(
-                    f"SELECT id FROM transmission WHERE id IN ({marks})", chunk
-                )
-            ]
-        return out
 
     def has_transmission(self, endpoint_no: int) -> bool:
         return (

@@ -29,6 +29,7 @@ DEFAULT_HOPS = 16  # a bundle forwarded this many times is dropped: a routing lo
 CONVERSATION_NOT_FOUND = -8470
 MESSAGE_REFUSED = -8460
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 5.0
+BATCH_ROWS = 4096  # rows per call to a far broker; more make several calls, in flight together
 
 # Bundle: [conversation_id, from_service, to_service, to_broker, from_broker, from_initiator,
 #          contract, expires_at, hops_left, seqs, types, bodies, sent_ats]
@@ -45,6 +46,7 @@ class Outbound:
     bundles: list[Bundle] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # transmission row ids in this batch
     endpoints: list[int] = field(default_factory=list)
+    seqs: list[tuple[int, int]] = field(default_factory=list)  # each row's (endpoint, seq)
 
     def blob(self) -> bytes:
         return msgpack.packb(self.bundles, use_bin_type=True)
@@ -85,6 +87,7 @@ class Transport:
         for r in rows:
             by_ep.setdefault(r[1], []).append(r)
         batches: dict[tuple[str, ...], Outbound] = {}
+        full: list[Outbound] = []
         delays: list[tuple[str, float, int, int]] = []  # status, next attempt, attempts, row id
         local: list[int] = []
         for ep_no, ep_rows in by_ep.items():
@@ -108,16 +111,22 @@ class Transport:
                 delays += [(why, now + backoff(r[7]), r[7] + 1, r[0]) for r in ep_rows]
                 continue
             key = tuple(h.address for h in hops)
-            out = batches.setdefault(key, Outbound(hops))
+            out = batches.get(key)
+            if out is None or len(out.rows) >= BATCH_ROWS:  # several calls in flight: pipelined
+                if out is not None:
+                    full.append(out)
+                out = batches[key] = Outbound(hops)
             out.bundles.append(self._bundle(ep, ep_rows))
             out.rows += [r[0] for r in ep_rows]
+            out.seqs += [(ep_no, r[2]) for r in ep_rows]
             out.endpoints.append(ep_no)
         if delays or local:
             core._run(lambda b: self._settle_dispatch(b, delays, local))
-        for out in batches.values():
+        outs = [*full, *batches.values()]
+        for out in outs:
             self.inflight.update(out.rows)
             self.inflight_eps.update(out.endpoints)
-        return list(batches.values())
+        return outs
 
     def _bundle(self, ep: Any, rows: Sequence[tuple[Any, ...]]) -> Bundle:
         seqs, types, bodies, sent = [], [], [], []
@@ -177,7 +186,14 @@ class Transport:
                     continue
                 done.append((ep.no, first, last))
             core.store.delete_acknowledged(done)
-            unacknowledged = core.store.existing_transmission(out.rows)
+            covered: dict[int, list[tuple[int, int]]] = {}
+            for ep_no, first, last in done:
+                covered.setdefault(ep_no, []).append((first, last))
+            unacknowledged = [
+                row
+                for row, (ep_no, seq) in zip(out.rows, out.seqs, strict=True)
+                if not any(f <= seq <= la for f, la in covered.get(ep_no, ()))
+            ]
             if unacknowledged:  # refused or out of sequence: counted as an attempt, backed off
                 why = "; ".join(refused) or "sent, not acknowledged yet"
                 core.store.fail_transmission(
