@@ -433,10 +433,6 @@ class BrokerCore:
         """Whether `ep`'s far service could be delivered to on this broker."""
         return ep.far_service in self.catalog.services and ep.far_broker in (None, self.broker_id)
 
-    @staticmethod
-    def new_handle() -> str:
-        return str(uuid.uuid4())
-
     def definitions(self) -> list[tuple[str, dict[str, Any]]]:
         return [(kind_of(d), to_record(d)) for d in self.catalog.user_definitions()]
 
@@ -609,18 +605,33 @@ class BrokerCore:
                 f"service {svc.name!r} does not accept contract {ep.contract!r} (its contracts "
                 f"changed after the dialog began); end conversation {ep.handle}"
             )
+        return self.new_target(
+            b, ep.conversation_id, svc, ep.service, ep.contract, ep.expires_at, self.broker_id
+        )
+
+    def new_target(
+        self,
+        b: _Batch,
+        conversation_id: str,
+        svc: Service,
+        far_service: str,
+        contract: str,
+        expires_at: float | None,
+        far_broker: str,
+    ) -> Endpoint:
+        """The target endpoint a dialog's first message creates, in a group of its own."""
         return self._new_endpoint(
             b,
             handle=str(uuid.uuid4()),
-            conversation_id=ep.conversation_id,
+            conversation_id=conversation_id,
             is_initiator=False,
             service=svc.name,
-            far_service=ep.service,
-            contract=ep.contract,
+            far_service=far_service,
+            contract=contract,
             group_no=self._new_group(b, svc.queue),
             state=State.CONVERSING,
-            expires_at=ep.expires_at,
-            far_broker=self.broker_id,
+            expires_at=expires_at,
+            far_broker=far_broker,
         )
 
     def _park(self, b: _Batch, ep: Endpoint, mt: str, bodies: Sequence[bytes], seq: int) -> None:

@@ -321,19 +321,7 @@ class Transport:
                         f"contract {contract!r}",
                     )
                 ]
-            ep = core._new_endpoint(
-                b,
-                handle=core.new_handle(),
-                conversation_id=conv,
-                is_initiator=False,
-                service=to_service,
-                far_service=from_service,
-                contract=contract,
-                group_no=core._new_group(b, svc.queue),
-                state=State.CONVERSING,
-                expires_at=expires_at,
-                far_broker=from_broker,
-            )
+            ep = core.new_target(b, conv, svc, from_service, contract, expires_at, from_broker)
         if ep.far_broker not in (None, from_broker):
             # seed 002's "multiple target endpoints": a second broker answers a dialog that is
             # bound to another; refuse it so that broker's side of the dialog errors
