@@ -19,7 +19,7 @@ import ray
 
 from ..catalog import from_record
 from ..core import BrokerCore, Limits
-from ..envelope import ReceivedGroup, pack_received, unpack_ops
+from ..envelope import Begin, ReceivedGroup, Timer, pack_received, unpack_ops
 from ..errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
 from ..store import Store
 from ..transport import Arrival, Outbound, merge_replies, pack_arrival
@@ -236,9 +236,11 @@ class BrokerActor:
         self.core.drop(kind, name, request_id)
 
     async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
-        result = self.core.apply(unpack_ops(ops), request_id)
+        unpacked = unpack_ops(ops)
+        result = self.core.apply(unpacked, request_id)
         self._failpoint("exit_after_commit")
-        self._poke.set()  # a timer may have been set
+        if any(isinstance(op, Begin | Timer) for op in unpacked):
+            self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
         if self.core.transport.pending:
             self._send_poke.set()
         return result
