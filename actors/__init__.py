@@ -7,6 +7,7 @@ from .catalog import Activation, Contract, MessageType, Queue, Service
 from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer
 from .errors import BrokerError
 from .remote.client import Broker, connect, start_broker
+from .remote.runtime import ensure_ray
 
 __all__ = [
     "Activation",
@@ -23,5 +24,6 @@ __all__ = [
     "Service",
     "Timer",
     "connect",
+    "ensure_ray",
     "start_broker",
 ]
