@@ -8,6 +8,7 @@ and settle the `Outcome` with their next receive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -226,4 +227,5 @@ async def _settle_one_by_one(port: ReaderPort, outcome: Outcome) -> None:
             continue
         except BrokerError:
             log.exception("handler output for lock %s was refused; rolling back", args["commit"])
-            await port.settle(commit=[], rollback=args["commit"], ops=[], states={})
+            with contextlib.suppress(LockNotHeld):  # already gone: nothing to roll back
+                await port.settle(commit=[], rollback=args["commit"], ops=[], states={})

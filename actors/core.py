@@ -360,6 +360,7 @@ class BrokerCore:
 
     def _save_routes(self, b: _Batch, table: str, before: tuple[Route, ...]) -> None:
         """Persist a whole table (they are small); on failure put the old one back."""
+        b.undo.append(lambda: self.routes.__setitem__(table, RouteTable(before)))
         st = self.store
         if st.get_meta("routes") is None:
             st.set_meta("routes", "1")
@@ -371,7 +372,6 @@ class BrokerCore:
         for r in self.routes[table].routes():
             st.put_route(table, r.name, r.to_record())
         st.retry_all_now()  # delayed dialogs may have a way now
-        b.undo.append(lambda: self.routes.__setitem__(table, RouteTable(before)))
 
     def create_route(
         self, table: str, record: Mapping[str, Any], request_id: str | None = None
@@ -578,9 +578,8 @@ class BrokerCore:
             and self._routes_here(ep, b.now)
         ):
             far = self._create_target(b, ep)
-        if far is None and (
-            ep.no in self._parked or ep.is_initiator or ep.far_broker != self.broker_id
-        ):
+        if far is None and (ep.no in self._parked or ep.far_broker != self.broker_id):
+            # not here (yet): the transmission queue routes it, in order
             self._park(b, ep, mt, bodies, first_seq)
         elif far is None:
             # The far endpoint was cleaned up: tell this side, as the far broker would.
@@ -605,6 +604,8 @@ class BrokerCore:
                 f"service {svc.name!r} does not accept contract {ep.contract!r} (its contracts "
                 f"changed after the dialog began); end conversation {ep.handle}"
             )
+        b.touch(ep)
+        ep.far_broker = self.broker_id  # pinned: the far endpoint lives here
         return self.new_target(
             b, ep.conversation_id, svc, ep.service, ep.contract, ep.expires_at, self.broker_id
         )
@@ -690,6 +691,18 @@ class BrokerCore:
         b.undo.append(lambda: self._parked.add(ep.no))
         self.store.delete_endpoint_transmission(ep.no)
         far = self._far(ep)
+        if far is None and (not rows or rows[0][2] != 0 or not ep.is_initiator):
+            # the far endpoint was here and is gone (cleaned up): never start it mid-dialog
+            self._enqueue_own(
+                b,
+                ep,
+                ERROR,
+                error_body(
+                    CONVERSATION_CLEANED_UP,
+                    "the far endpoint of this conversation no longer exists",
+                ),
+            )
+            return
         if far is None:
             svc = self.catalog.services.get(ep.far_service)
             if svc is None or ep.contract not in svc.contracts:
@@ -707,10 +720,12 @@ class BrokerCore:
         for _tid, _ep, seq, mt, body, _at in rows:
             self._deliver(b, far, mt, [body], seq)
 
-    def _refresh_parked(self, ep_nos: Iterable[int]) -> None:
-        for no in set(ep_nos):
-            if no in self._parked and not self.store.has_transmission(no):
-                self._parked.discard(no)
+    def _refresh_parked(self, b: _Batch, ep_nos: Iterable[int]) -> list[int]:
+        """Endpoints whose transmission rows are all gone stop being parked (after commit);
+        returns them."""
+        done = [no for no in set(ep_nos) if not self.store.has_transmission(no)]
+        b.after.append(lambda: self._parked.difference_update(done))
+        return done
 
     def _deliver(
         self, b: _Batch, far: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
@@ -1111,7 +1126,7 @@ class BrokerCore:
         """Fire what is due: conversation timers, lifetime expiries, expired leases, purges.
         Returns when something next falls due (None: nothing scheduled)."""
         now = self.clock()
-        due: list[tuple[int, str]] = []
+        due: list[tuple[int, str, float]] = []
         while self._timers and self._timers[0][0] <= now:
             at, no, kind = heapq.heappop(self._timers)
             ep = self._eps.get(no)
@@ -1123,9 +1138,14 @@ class BrokerCore:
                 "purge": ep.closed_at and ep.closed_at + self.limits.closed_retention_s,
             }
             if kind == "purge-retry" or current[kind] == at:
-                due.append((no, kind))
+                due.append((no, kind, at))
         if due:
-            self._run(lambda b: self._fire(b, due))
+            try:
+                self._run(lambda b: self._fire(b, due))
+            except Exception:
+                for no, kind, at in due:  # not lost: they fire on a later tick
+                    heapq.heappush(self._timers, (at, no, kind))
+                raise
         expired = self.locks.expired(now)
         if expired:
             self._rollback(expired, "abandoned when their lease ran out")
@@ -1142,9 +1162,9 @@ class BrokerCore:
         ]
         return min(nexts) if nexts else None
 
-    def _fire(self, b: _Batch, due: list[tuple[int, str]]) -> None:
+    def _fire(self, b: _Batch, due: list[tuple[int, str, float]]) -> None:
         purged: set[int] = set()
-        for no, kind in due:
+        for no, kind, _at in due:
             ep = self._eps[no]
             if kind == "timer" and ep.state is not State.CLOSED:
                 b.touch(ep)

@@ -296,6 +296,12 @@ class Store:
             "DELETE FROM transmission WHERE endpoint_no=? AND seq BETWEEN ? AND ?", ranges
         )
 
+    def oldest_seq(self, endpoint_no: int) -> int | None:
+        row = self.db.execute(
+            "SELECT MIN(seq) FROM transmission WHERE endpoint_no=?", (endpoint_no,)
+        ).fetchone()
+        return row[0]
+
     def has_transmission(self, endpoint_no: int) -> bool:
         return (
             self.db.execute(

@@ -95,6 +95,8 @@ class Transport:
             if ep is None:
                 local.append(ep_no)  # orphans: the endpoint is gone; dropped below
                 continue
+            if ep_rows[0][2] != core.store.oldest_seq(ep_no):
+                continue  # older messages of this dialog are still backing off: keep the order
             m, hops = core.next_hops(ep, now)
             if hops and hops[0].rank == "local":
                 local.append(ep_no)
@@ -168,7 +170,7 @@ class Transport:
         first acknowledgement, turn refusals into Error messages; the rest is retried."""
         acks, refused = msgpack.unpackb(reply, raw=False)
         core = self.core
-        self._release(out)
+        self.release(out)
 
         def fn(b: _Batch) -> None:
             done: list[tuple[int, int, int]] = []
@@ -200,22 +202,22 @@ class Transport:
                     unacknowledged, f"{out.hops[0].address}: {why}", core.clock()
                 )
             acked = {core._convs[(a[0], a[1])].no for a in acks if (a[0], a[1]) in core._convs}
-            core._refresh_parked(acked)
-            for no in acked:
+            for no in core._refresh_parked(b, acked):
                 ep = core._eps[no]
                 # an EndDialog the far side has acknowledged closes this side (it already ended)
-                if ep.state is State.DISCONNECTED_OUTBOUND and no not in core._parked:
+                if ep.state is State.DISCONNECTED_OUTBOUND:
                     core._close(b, ep)
 
         core._run(fn)
 
     def failed(self, out: Outbound, why: str) -> None:
         """No hop took the batch: keep every message, retry later with backoff."""
-        self._release(out)
+        self.release(out)
         core = self.core
         core._run(lambda b: core.store.fail_transmission(out.rows, why, core.clock()))
 
-    def _release(self, out: Outbound) -> None:
+    def release(self, out: Outbound) -> None:
+        """Forget that a batch is in flight (its rows stay queued)."""
         self.inflight.difference_update(out.rows)
         self.inflight_eps.difference_update(out.endpoints)
 
@@ -308,7 +310,17 @@ class Transport:
                     )
                 ]
             if seqs[0] != 0:
-                return []  # the first message has not arrived yet; it will be resent
+                # bundles start at the oldest unacknowledged message, so the endpoint was here
+                # (it acknowledged the earlier ones) and has been cleaned up since
+                return [
+                    self._nack(
+                        conv,
+                        from_initiator,
+                        seqs,
+                        CONVERSATION_NOT_FOUND,
+                        f"conversation {conv} no longer exists on {core.name}",
+                    )
+                ]
             svc = core.catalog.services[to_service]
             if contract not in svc.contracts or contract not in core.catalog.contracts:
                 return [
@@ -350,7 +362,8 @@ class Transport:
                 j += 1
             refusal = self._refusal(ep, types[i], bodies[i : j + 1])
             if refusal is not None:
-                core._enqueue_own(b, ep, "Error", error_body(MESSAGE_REFUSED, refusal))
+                if ep.state is not State.CLOSED:
+                    core._enqueue_own(b, ep, "Error", error_body(MESSAGE_REFUSED, refusal))
                 acks.append(self._nack(conv, from_initiator, seqs[i:], MESSAGE_REFUSED, refusal))
                 return acks
             core._deliver(b, ep, types[i], bodies[i : j + 1], seqs[i])
@@ -379,6 +392,13 @@ class Transport:
         self, conv: str, from_initiator: bool, seqs: Sequence[int], code: int, description: str
     ) -> Ack:
         return [conv, from_initiator, seqs[0], seqs[-1], self.core.broker_id, code, description]
+
+
+def refuses_all(reply: bytes) -> bool:
+    """Whether a far broker's answer acknowledges nothing and says why (a hop that cannot help:
+    the sender tries the next path)."""
+    acks, refused = msgpack.unpackb(reply, raw=False)
+    return not acks and bool(refused)
 
 
 def pack_arrival(arrival: Arrival) -> bytes:

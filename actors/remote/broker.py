@@ -22,7 +22,7 @@ from ..core import BrokerCore, Limits
 from ..envelope import Begin, ReceivedGroup, Timer, pack_received, unpack_ops
 from ..errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
 from ..store import Store
-from ..transport import Arrival, Outbound, merge_replies, pack_arrival
+from ..transport import Arrival, Outbound, merge_replies, pack_arrival, refuses_all
 from .pools import ReaderPools
 
 log = logging.getLogger("raybroker")
@@ -85,17 +85,19 @@ class BrokerActor:
         for owner in list(self._owners):
             if owner not in held:
                 del self._owners[owner]
-        for owner, handle in list(self._owners.items()):
-            try:
-                await asyncio.wait_for(handle.__ray_ready__.remote(), 5.0)
-            except TimeoutError:
-                continue  # busy, not dead; its lease still bounds it
-            except ray.exceptions.RayError:
-                n = self.core.release_owner(owner)
-                self._owners.pop(owner, None)
-                log.warning(
-                    "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
-                )
+        await asyncio.gather(*(self._check_owner(o, h) for o, h in list(self._owners.items())))
+
+    async def _check_owner(self, owner: str, handle: Any) -> None:
+        try:
+            await asyncio.wait_for(handle.__ray_ready__.remote(), 5.0)
+        except TimeoutError:
+            return  # busy, not dead; its lease still bounds it
+        except ray.exceptions.RayError:
+            n = self.core.release_owner(owner)
+            self._owners.pop(owner, None)
+            log.warning(
+                "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
+            )
 
     # --- transport: the transmission queue goes out; bundles come in ------------------------------
 
@@ -114,22 +116,31 @@ class BrokerActor:
                 log.exception("broker %s: dispatching the transmission queue failed", self.name)
 
     async def _send(self, out: Outbound) -> None:
+        """Try the batch's next hops in order: a hop that is unreachable, or that answers
+        refusing the whole batch, passes it to the next (failover)."""
         transport = self.core.transport
-        blob = out.blob()
-        why = "no next hop"
-        for hop in out.hops:
-            try:
-                reply = await asyncio.wait_for(
-                    self._peer(hop.broker).deliver.remote(blob), SEND_TIMEOUT_S
-                )
-            except Exception as exc:  # unreachable in any way: try the next path
-                self._peers.pop(hop.broker, None)
-                why = f"{hop.address} unreachable ({type(exc).__name__})"
-                continue
-            transport.acknowledged(out, reply)
-            self._send_poke.set()  # the same dialogs may have more to send
-            return
-        transport.failed(out, why)
+        try:
+            blob = out.blob()
+            why = "no next hop"
+            for n, hop in enumerate(out.hops):
+                try:
+                    reply = await asyncio.wait_for(
+                        self._peer(hop.broker).deliver.remote(blob), SEND_TIMEOUT_S
+                    )
+                except Exception as exc:  # unreachable in any way: try the next path
+                    self._peers.pop(hop.broker, None)
+                    why = f"{hop.address} unreachable ({type(exc).__name__})"
+                    continue
+                if n + 1 < len(out.hops) and refuses_all(reply):
+                    why = f"{hop.address} refused it"
+                    continue
+                transport.acknowledged(out, reply)
+                self._send_poke.set()  # the same dialogs may have more to send
+                return
+            transport.failed(out, why)
+        except Exception:
+            log.exception("broker %s: sending a batch failed; it is retried", self.name)
+            transport.release(out)
 
     def _peer(self, broker: str | None) -> Any:
         if broker not in self._peers:
@@ -260,6 +271,8 @@ class BrokerActor:
             commit, rollback, ops, states, request_id = settle
             settle = (commit, rollback, unpack_ops(ops), states, request_id)
         groups = await self.receive_groups(queue, wait, options, self._adopt(owner), settle, reader)
+        if groups:
+            self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
         return pack_received(groups)
 
     async def receive_groups(

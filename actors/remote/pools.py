@@ -39,6 +39,7 @@ class _Pool:
     last_removed: int = 0
     last_check: float = 0.0
     next_check: float = 0.0
+    backoff_until: float = 0.0  # after a reader could not start: no new ones before this
     started: int = 0
 
 
@@ -93,9 +94,11 @@ class ReaderPools:
             self._drop_spare(pool)  # running readers are retired at their next receive
         if act is None:
             return
+        now = time.monotonic()
+        if now < pool.backoff_until:
+            return
         if act.placement == "pool" and pool.spare is None:
             pool.spare = self._new_reader_actor()
-        now = time.monotonic()
         if pool.readers and now < pool.next_check:
             return
         depth, removed = self.core.depth(queue)
@@ -138,7 +141,9 @@ class ReaderPools:
         try:
             stats = await actor.run.remote(queue, rid, act.__dict__)
         except ray.exceptions.RayActorError as exc:
-            log.warning("reader %s died: %s; its locks are released", rid, exc)
+            owner = getattr(getattr(actor, "_actor_id", None), "hex", lambda: None)()
+            released = self.core.release_owner(owner) if owner else 0
+            log.warning("reader %s died (%s); %d lock(s) released", rid, exc, released)
             return
         except Exception as exc:
             self._failed(queue, rid, exc)
@@ -158,7 +163,7 @@ class ReaderPools:
         self.core.record_event("ActivationFailed", queue, f"reader {rid}: {cause}")
         pool = self.pools.get(queue)
         if pool is not None:
-            pool.next_check = time.monotonic() + FAILED_START_BACKOFF_S
+            pool.backoff_until = time.monotonic() + FAILED_START_BACKOFF_S
 
     def _new_reader_actor(self) -> Any:
         if self._client is None:

@@ -268,3 +268,18 @@ def test_messages_for_an_unreachable_broker_wait_and_arrive_when_it_returns(make
     [g] = t.receive("TargetQueue", wait=30)
     assert [m.body for m in g.messages] == [b"1", b"2"]
     wait_until(lambda: sent_out(a), what="the acknowledgement")
+
+
+def test_a_gateway_that_answers_but_cannot_forward_is_failed_over(brokers):
+    a, t = brokers("A", "T")
+    gw_a, gw_b = brokers("GatewayA", "GatewayB", forwarding=True)
+    host(a)
+    host(t)
+    gw_a.create_route("ToTarget", "Target", bid(t), addr(t), table="instance")
+    gw_b.drop_route("AutoCreatedLocal", table="instance")  # up, but has no way to the target
+    a.create_route("ViaA", "Target", bid(t), addr(gw_a))
+    a.create_route("ViaB", "Target", bid(t), addr(gw_b))
+    handles = a.apply([Begin("Init", "Target") for _ in range(20)])["handles"]
+    a.apply([Send(h, "DEFAULT", b"m") for h in handles])  # some dialogs try GatewayB first
+    wait_until(lambda: sent_out(a), timeout=30, what="everything acknowledged via GatewayA")
+    assert len(drain(t)) == 20

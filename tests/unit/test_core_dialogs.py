@@ -335,3 +335,18 @@ def test_settling_the_same_request_id_twice_commits_once(core, open_dialog):
 
     assert first == second
     assert [m.body for m in receive_all(core, "InitQ")] == [b"once"]
+
+
+def test_sending_after_the_local_target_was_cleaned_up_errors_the_initiator_at_once(
+    core, open_dialog
+):
+    d = open_dialog(core)
+    receive_all(core, "TargetQ")
+    core.apply([End(d.target, cleanup=True)])
+
+    core.apply([Send(d.init, "Req", b"anyone there?")])
+
+    [err] = receive_all(core, "InitQ")
+    assert err.message_type == "Error" and err.error[0] < 0
+    assert state_of(core, d.init) == "ERROR"
+    assert core.queue_view("TargetQ") == [] and core.transmission_view() == []

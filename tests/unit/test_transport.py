@@ -17,6 +17,7 @@ from actors.errors import ConversationEnded
 from actors.routing import match
 from actors.store import Store
 from actors.transport import (
+    CONVERSATION_NOT_FOUND,
     MESSAGE_REFUSED,
     RETRY_MAX_S,
     RETRY_MIN_S,
@@ -365,21 +366,33 @@ def test_later_sequence_numbers_first_wait_for_the_resend_then_arrive_in_order(n
     assert [(m.sequence_number, m.body) for m in got] == [(i, f"m{i}".encode()) for i in range(4)]
 
 
-def test_a_first_message_that_arrives_late_creates_no_endpoint_until_it_comes(net, pair):
+def test_a_bundle_past_the_first_message_for_an_unknown_dialog_is_refused_as_not_found(net, pair):
+    # A sender's bundle always starts at its oldest unacknowledged message, so a bundle that
+    # starts past sequence 0 for a conversation the target does not know means the target's
+    # endpoint was there (it acknowledged the earlier messages) and was cleaned up since.
     a, b = pair
-    h = begin(a, b"m0", b"m1")
+    begin(a, b"m0", b"m1")
     (out,) = a.transport.dispatch()
     bundle = msgpack.unpackb(out.blob(), raw=False)[0]
     gap = bundle[:9] + [col[1:] for col in bundle[9:]]
 
     reply = net.deliver("A", "B", msgpack.packb([gap], use_bin_type=True))
 
-    assert unpack(reply) == ([], [])
-    assert b.endpoints_view() == []
-    a.transport.acknowledged(out, reply)
-    net.later(RETRY_MIN_S)
-    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
-    assert endpoint(a, handle=h)["far_broker"] == b.broker_id
+    [ack], refused = unpack(reply)
+    assert ack[5] == CONVERSATION_NOT_FOUND and refused == []
+    assert b.endpoints_view() == []  # no endpoint made up in the middle of a dialog
+
+
+def test_a_dialog_whose_target_was_cleaned_up_errors_on_the_initiator(net, pair):
+    a, b = pair
+    h = begin(a, b"m0")
+    net.pump()
+    [target] = b.endpoints_view()
+    b.apply([End(target["conversation_handle"], cleanup=True)])
+    a.apply([Send(h, "Req", b"m1")])
+    net.pump()
+    assert [m.message_type for m in take(a, "InitQ")] == ["Error"]
+    assert endpoint(a, handle=h)["state"] == "ERROR"
 
 
 # --- no route: delayed, not an error -------------------------------------------------------------
