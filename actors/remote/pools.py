@@ -97,7 +97,9 @@ class ReaderPools:
         now = time.monotonic()
         if now < pool.backoff_until:
             return
-        if act.placement == "pool" and pool.spare is None:
+        if act.placement == "pool" and pool.spare is None and not pool.readers:
+            # one started actor waits for the next activation; a reader that goes idle becomes
+            # the spare (it is warm), so none is made while readers run
             pool.spare = self._new_reader_actor()
         if pool.readers and now < pool.next_check:
             return
