@@ -32,8 +32,8 @@ def run(
     dialogs: int = 100,
     batch: int = 1000,
     body_bytes: int = 100,
-    max_groups: int = 8,
-    readers: int = 2,
+    max_groups: int = 16,
+    readers: int = 1,
     inflight: int = 4,
     progress: Progress = print,
 ) -> Report:
