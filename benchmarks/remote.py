@@ -107,7 +107,7 @@ def _throughput(
     async def both() -> None:
         await asyncio.gather(
             _send_all(a, handles, messages, batch, body, inflight=4),
-            _receive_all(b, messages, max_groups=8, readers=2, queue="WorkQueue"),
+            _receive_all(b, messages, max_groups=16, readers=1, queue="WorkQueue"),
         )
 
     t0 = time.perf_counter()
