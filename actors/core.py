@@ -101,6 +101,7 @@ class _Batch:
     transmission: list[tuple[Any, ...]] = field(default_factory=list)
     touched: dict[int, Endpoint] = field(default_factory=dict)  # no -> snapshot before change
     new_endpoints: list[Endpoint] = field(default_factory=list)
+    new_nos: set[int] = field(default_factory=set)  # their numbers, for touch
     dead_endpoints: list[Endpoint] = field(default_factory=list)
     new_groups: list[_Group] = field(default_factory=list)
     events: list[tuple[float, str, str, str]] = field(default_factory=list)
@@ -108,7 +109,7 @@ class _Batch:
     after: list[Callable[[], None]] = field(default_factory=list)
 
     def touch(self, ep: Endpoint) -> Endpoint:
-        if ep.no not in self.touched and ep not in self.new_endpoints:
+        if ep.no not in self.touched and ep.no not in self.new_nos:
             self.touched[ep.no] = copy.copy(ep)
         return ep
 
@@ -477,6 +478,7 @@ class BrokerCore:
         self._next_ep += 1
         self._add_endpoint(ep)
         b.new_endpoints.append(ep)
+        b.new_nos.add(ep.no)
         return ep
 
     def _begin(self, b: _Batch, op: Begin) -> str:
