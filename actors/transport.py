@@ -11,6 +11,7 @@ resend what is missing (the sender resends everything unacknowledged, in order).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from .routing import Hop, choose, match
 
 if TYPE_CHECKING:
     from .core import BrokerCore, _Batch
+
+log = logging.getLogger("raybroker")
 
 DEFAULT_HOPS = 16  # a bundle forwarded this many times is dropped: a routing loop ends
 CONVERSATION_NOT_FOUND = -8470
@@ -123,7 +126,20 @@ class Transport:
             out.seqs += [(ep_no, r[2]) for r in ep_rows]
             out.endpoints.append(ep_no)
         if delays or local:
-            core._run(lambda b: self._settle_dispatch(b, delays, local))
+            try:
+                core._run(lambda b: self._settle_dispatch(b, delays, local))
+            except Exception:
+                log.exception(
+                    "%s: routing waiting dialogs failed; retrying them one by one", core.name
+                )
+                for ep_no in local:  # one failing dialog must not stop the rest
+                    try:
+                        core._run(lambda b, n=ep_no: self._settle_dispatch(b, [], [n]))
+                    except Exception:
+                        log.exception(
+                            "%s: dialog endpoint %d could not be delivered here", core.name, ep_no
+                        )
+                core._run(lambda b: self._settle_dispatch(b, delays, []))
         outs = [*full, *batches.values()]
         for out in outs:
             self.inflight.update(out.rows)
@@ -276,7 +292,20 @@ class Transport:
                 + ("" if core.forwarding else " (forwarding is off)")
             )
         if local:
-            arrival.acks = core._run(lambda b: [a for bd in local for a in self._take(b, bd)])
+            try:
+                arrival.acks = core._run(lambda b: [a for bd in local for a in self._take(b, bd)])
+            except Exception:
+                # one bad dialog must not hold back the others: take them one by one
+                log.exception(
+                    "%s: a batch of arrivals failed; taking dialogs one by one", core.name
+                )
+                for bundle in local:
+                    try:
+                        arrival.acks += core._run(lambda b, bd=bundle: self._take(b, bd))
+                    except Exception as exc:
+                        arrival.refused.append(
+                            f"{core.name} could not take conversation {bundle[0]}: {exc}"
+                        )
         arrival.forwards = list(onward.values())
         return arrival
 

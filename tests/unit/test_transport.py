@@ -23,6 +23,7 @@ from actors.transport import (
     RETRY_MIN_S,
     Arrival,
     Outbound,
+    Transport,
     merge_replies,
     pack_arrival,
 )
@@ -1030,3 +1031,24 @@ def test_a_second_target_endpoint_cannot_reply_into_a_dialog_pinned_to_the_first
     net.pump()
 
     assert [m.body for m in take(a, "InitQ")] == [b"from B"]
+
+
+def test_one_dialog_that_cannot_be_taken_does_not_hold_back_the_others(net, pair, monkeypatch):
+    a, b = pair
+    bad = begin(a, b"poisoned")
+    good = begin(a, b"fine")
+    bad_conv = conv_of(a, bad)
+    take_one = Transport._take
+
+    def failing(self, batch, bundle):  # fault injection: this dialog's arrival breaks
+        if bundle[0] == bad_conv:
+            raise RuntimeError("injected fault")
+        return take_one(self, batch, bundle)
+
+    monkeypatch.setattr(Transport, "_take", failing)
+    net.pump()
+
+    assert [m.body for m in take(b, "TargetQ")] == [b"fine"]
+    assert endpoint(a, handle=good)["far_broker"] == b.broker_id
+    [row] = a.transmission_view()  # the other one waits, with the reason, and is not lost
+    assert row["conversation_handle"] == bad and "injected fault" in row["transmission_status"]
