@@ -293,10 +293,11 @@ class BrokerActor:
             self._failpoint("exit_after_commit")
             if self.core.transport.pending:
                 self._send_poke.set()
-        if reader is not None and not self.pools.wants(queue, reader):
-            raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
         deadline = time.monotonic() + wait
         while True:
+            if reader is not None and not self.pools.wants(queue, reader):
+                # checked on every pass: a reader retired while it waited takes nothing more
+                raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
             groups = self.core.receive(queue, owner=owner_id, **options)
             left = deadline - time.monotonic()
             if groups or left <= 0:
