@@ -1183,7 +1183,10 @@ class BrokerCore:
                     b, ep, ERROR, error_body(LIFETIME_EXPIRED, "the dialog's lifetime ran out")
                 )
                 self.store.delete_endpoint_transmission(ep.no)  # nothing more goes out
-            elif kind == "purge" and self.locks.is_locked(ep.group_no):
+            elif kind.startswith("purge") and (
+                self.locks.is_locked(ep.group_no) or self.store.has_transmission(ep.no)
+            ):
+                # locked, or its last messages (an EndDialog, an Error) are still on their way
                 retry = b.now + self.limits.closed_retention_s
                 b.after.append(
                     lambda no=no, at=retry: heapq.heappush(self._timers, (at, no, "purge-retry"))

@@ -1052,3 +1052,19 @@ def test_one_dialog_that_cannot_be_taken_does_not_hold_back_the_others(net, pair
     assert endpoint(a, handle=good)["far_broker"] == b.broker_id
     [row] = a.transmission_view()  # the other one waits, with the reason, and is not lost
     assert row["conversation_handle"] == bad and "injected fault" in row["transmission_status"]
+
+
+def test_a_closed_endpoint_is_kept_while_its_error_still_waits_to_go_out(net, pair):
+    a, b = pair
+    h = begin(a, b"m0")
+    net.pump()
+    net.down.add("B")
+    a.apply([End(h, error_code=50001, description="cancelled")])  # closes A at once
+    net.later()
+    net.clock.advance(Limits().closed_retention_s + 1)
+    a.tick()
+    assert endpoint(a, handle=h)["state"] == "CLOSED"  # not purged: its Error is still queued
+    net.down.discard("B")
+    net.later(RETRY_MAX_S)
+    [err] = [m for m in take(b, "TargetQ") if m.message_type == "Error"]
+    assert err.error == (50001, "cancelled")
