@@ -255,13 +255,17 @@ class Store:
             (to_service,),
         ).fetchall()
 
-    def due_transmission(self, now: float, limit: int) -> list[tuple[Any, ...]]:
-        """Rows whose next attempt is due, in queue order: (id, endpoint_no, seq, type, body,
-        to_service, to_broker, attempts, enqueued_at)."""
+    def due_transmission(
+        self, now: float, limit: int, skip: Iterable[int] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Rows whose next attempt is due, in queue order, except those of the endpoints in
+        `skip` (already being sent): (id, endpoint_no, seq, type, body, to_service, to_broker,
+        attempts, enqueued_at)."""
         return self.db.execute(
             "SELECT id, endpoint_no, seq, type, body, to_service, to_broker, attempts, "
-            "enqueued_at FROM transmission WHERE next_attempt <= ? ORDER BY id LIMIT ?",
-            (now, limit),
+            "enqueued_at FROM transmission WHERE next_attempt <= ? AND endpoint_no NOT IN "
+            "(SELECT value FROM json_each(?)) ORDER BY id LIMIT ?",
+            (now, json.dumps(list(skip)), limit),
         ).fetchall()
 
     def endpoint_transmission(self, endpoint_no: int) -> list[tuple[Any, ...]]:

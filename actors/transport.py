@@ -83,7 +83,7 @@ class Transport:
         comes back as batches to send, grouped by their next hops."""
         core = self.core
         now = core.clock()
-        rows = [r for r in core.store.due_transmission(now, limit) if r[1] not in self.inflight_eps]
+        rows = core.store.due_transmission(now, limit, self.inflight_eps)
         if not rows:
             return []
         by_ep: dict[int, list[tuple[Any, ...]]] = {}
