@@ -585,17 +585,20 @@ class BrokerCore:
             self._park(b, ep, mt, bodies, first_seq)
         elif far is None:
             # The far endpoint was cleaned up: tell this side, as the far broker would.
-            self._enqueue_own(
-                b,
-                ep,
-                ERROR,
-                error_body(
-                    CONVERSATION_CLEANED_UP,
-                    "the far endpoint of this conversation no longer exists",
-                ),
-            )
+            self._far_gone(b, ep)
         else:
             self._deliver(b, far, mt, bodies, first_seq)
+
+    def _far_gone(self, b: _Batch, ep: Endpoint) -> None:
+        """Tell this side its far endpoint no longer exists, as the far broker would."""
+        self._enqueue_own(
+            b,
+            ep,
+            ERROR,
+            error_body(
+                CONVERSATION_CLEANED_UP, "the far endpoint of this conversation no longer exists"
+            ),
+        )
 
     def _create_target(self, b: _Batch, ep: Endpoint) -> Endpoint | None:
         svc = self.catalog.services.get(ep.far_service)
@@ -695,15 +698,7 @@ class BrokerCore:
         far = self._far(ep)
         if far is None and (not rows or rows[0][2] != 0 or not ep.is_initiator):
             # the far endpoint was here and is gone (cleaned up): never start it mid-dialog
-            self._enqueue_own(
-                b,
-                ep,
-                ERROR,
-                error_body(
-                    CONVERSATION_CLEANED_UP,
-                    "the far endpoint of this conversation no longer exists",
-                ),
-            )
+            self._far_gone(b, ep)
             return
         if far is None:
             svc = self.catalog.services.get(ep.far_service)

@@ -326,56 +326,37 @@ class Transport:
             bodies,
             _sent,
         ) = bundle
+
+        def nack(code: int, description: str) -> list[Ack]:
+            return [self._nack(conv, from_initiator, seqs, code, description)]
+
         ep = core._convs.get((conv, not from_initiator))
         if ep is None:
             if not from_initiator:
-                return [
-                    self._nack(
-                        conv,
-                        from_initiator,
-                        seqs,
-                        CONVERSATION_NOT_FOUND,
-                        f"conversation {conv} has no endpoint on {core.name}",
-                    )
-                ]
+                return nack(
+                    CONVERSATION_NOT_FOUND, f"conversation {conv} has no endpoint on {core.name}"
+                )
             if seqs[0] != 0:
                 # bundles start at the oldest unacknowledged message, so the endpoint was here
                 # (it acknowledged the earlier ones) and has been cleaned up since
-                return [
-                    self._nack(
-                        conv,
-                        from_initiator,
-                        seqs,
-                        CONVERSATION_NOT_FOUND,
-                        f"conversation {conv} no longer exists on {core.name}",
-                    )
-                ]
+                return nack(
+                    CONVERSATION_NOT_FOUND, f"conversation {conv} no longer exists on {core.name}"
+                )
             svc = core.catalog.services[to_service]
             if contract not in svc.contracts or contract not in core.catalog.contracts:
-                return [
-                    self._nack(
-                        conv,
-                        from_initiator,
-                        seqs,
-                        CONTRACT_NOT_ACCEPTED,
-                        f"service {to_service!r} on {core.name} does not accept "
-                        f"contract {contract!r}",
-                    )
-                ]
+                return nack(
+                    CONTRACT_NOT_ACCEPTED,
+                    f"service {to_service!r} on {core.name} does not accept contract {contract!r}",
+                )
             ep = core.new_target(b, conv, svc, from_service, contract, expires_at, from_broker)
         if ep.far_broker not in (None, from_broker):
             # seed 002's "multiple target endpoints": a second broker answers a dialog that is
             # bound to another; refuse it so that broker's side of the dialog errors
-            return [
-                self._nack(
-                    conv,
-                    from_initiator,
-                    seqs,
-                    CONVERSATION_NOT_FOUND,
-                    f"conversation {conv} is bound to broker {ep.far_broker}, not "
-                    f"{from_broker}; give the routes broker instance ids",
-                )
-            ]
+            return nack(
+                CONVERSATION_NOT_FOUND,
+                f"conversation {conv} is bound to broker "
+                f"{ep.far_broker}, not {from_broker}; give the routes broker instance ids",
+            )
         if ep.far_broker is None:
             b.touch(ep)
             ep.far_broker = from_broker
