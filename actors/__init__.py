@@ -1,13 +1,48 @@
 """raybroker: SQL Server Service Broker's dialogs, queues and conversation-group locking on Ray.
 
-The public surface is what `__all__` names; everything else is internal.
+The public surface is what `__all__` names; everything else is internal. The Ray-side names
+(`Broker`, `connect`, `start_broker`, `stop_broker`, `ensure_ray`) load on first use, so the plain
+modules (catalog, envelope, core, ...) import without Ray.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from .catalog import Activation, Contract, MessageType, Queue, Service
 from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer
 from .errors import BrokerError
-from .remote.client import Broker, connect, start_broker
-from .remote.runtime import ensure_ray
+
+if TYPE_CHECKING:
+    from .remote.client import Broker, connect, stop_broker
+    from .remote.factory import start_broker
+    from .remote.runtime import ensure_ray
+
+# Public name -> "module:attribute", imported on first access (PEP 562).
+_LAZY: dict[str, str] = {
+    "Broker": "actors.remote.client:Broker",
+    "connect": "actors.remote.client:connect",
+    "start_broker": "actors.remote.factory:start_broker",
+    "stop_broker": "actors.remote.client:stop_broker",
+    "ensure_ray": "actors.remote.runtime:ensure_ray",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a Ray-side public name on first use and cache it in the module."""
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = target.split(":")
+    value = getattr(import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Activation",
@@ -26,4 +61,5 @@ __all__ = [
     "connect",
     "ensure_ray",
     "start_broker",
+    "stop_broker",
 ]

@@ -11,7 +11,7 @@ from .errors import BrokerError
 
 
 def _bench_scenarios() -> dict[str, Callable[..., Any]]:
-    from benchmarks import activation, local, remote
+    from .bench import activation, local, remote
 
     return {"local": local.run, "activation": activation.run, "remote": remote.run}
 

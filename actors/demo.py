@@ -15,11 +15,20 @@ import tempfile
 import time
 import uuid
 
-import ray
-
-from . import Begin, Contract, End, MessageType, Queue, Send, Service, start_broker
-from .errors import BrokerUnavailable, LockNotHeld
-from .remote.runtime import ensure_ray
+from . import (
+    Activation,
+    Begin,
+    Contract,
+    End,
+    MessageType,
+    Queue,
+    ReceivedGroup,
+    Send,
+    Service,
+    ensure_ray,
+    start_broker,
+)
+from .activation import HandlerContext
 
 LINE_SCHEMA = {
     "type": "object",
@@ -49,52 +58,23 @@ def define(broker) -> None:
     broker.create(Service("Fulfilment", "FulfilmentQueue", ["OrderContract"]))
 
 
-class FulfilmentReader:
-    """A queue reader: receive groups → process → commit (replies, ends, state) → repeat."""
-
-    def __init__(self, broker) -> None:
-        self.broker = broker
-        self.running = True
-
-    async def run(self) -> int:
-        held, ops, states, turns = [], [], {}, 0
-        while self.running:
-            try:
-                groups = await self.broker.aio.receive(
-                    "FulfilmentQueue",
-                    max_groups=16,
-                    wait=0.2,
-                    commit=held,
-                    ops=ops,
-                    states=states,
-                )
-            except (LockNotHeld, BrokerUnavailable):
-                groups = []  # a broker restart rolled those back; they come again
-            held, ops, states = groups, [], {}
-            for g in groups:
-                state = json.loads(g.state) if g.state else {"lines": 0, "total": 0.0}
-                for m in g.messages:
-                    if m.message_type == "Order":
-                        state["order"] = json.loads(m.body)["order"]
-                    elif m.message_type == "Line":
-                        line = json.loads(m.body)
-                        state["lines"] += 1
-                        state["total"] = round(state["total"] + line["qty"] * line["price"], 2)
-                    elif m.message_type == "Submit":
-                        ops.append(
-                            Send(m.conversation_handle, "Confirm", json.dumps(state).encode())
-                        )
-                        ops.append(End(m.conversation_handle))
-                    elif m.message_type in ("EndDialog", "Error"):
-                        ops.append(End(m.conversation_handle))
-                states[g.group_id] = json.dumps(state).encode()
-            turns += 1
-        if held:
-            await self.broker.aio.commit(held, ops=ops, states=states)
-        return turns
-
-    def stop(self) -> None:
-        self.running = False
+def fulfil(group: ReceivedGroup, ctx: HandlerContext) -> None:
+    """The fulfilment queue's activated handler: keep each order's running total in the group's
+    state; on Submit reply with a Confirm and end the dialog, all committed with the receive."""
+    state = json.loads(ctx.state) if ctx.state else {"lines": 0, "total": 0.0}
+    for m in group.messages:
+        if m.message_type == "Order":
+            state["order"] = json.loads(m.body)["order"]
+        elif m.message_type == "Line":
+            line = json.loads(m.body)
+            state["lines"] += 1
+            state["total"] = round(state["total"] + line["qty"] * line["price"], 2)
+        elif m.message_type == "Submit":
+            ctx.send(m.conversation_handle, "Confirm", json.dumps(state).encode())
+            ctx.end(m.conversation_handle)
+        elif m.message_type in ("EndDialog", "Error"):
+            ctx.end(m.conversation_handle)
+    ctx.set_state(json.dumps(state).encode())
 
 
 def run(
@@ -110,9 +90,9 @@ def run(
     print(f"broker {broker.name} ({broker.info()['broker_id']}) on {path}")
     try:
         define(broker)
-        reader_cls = ray.remote(num_cpus=0)(FulfilmentReader)
-        pool = [reader_cls.remote(broker) for _ in range(readers)]
-        runs = [r.run.remote() for r in pool]
+        # the fulfilment queue starts its own readers (up to `readers`) as orders arrive
+        activation = Activation("actors.demo:fulfil", max_readers=readers, max_groups=16)
+        broker.alter_queue("FulfilmentQueue", activation=activation.__dict__)
         expected: dict[str, float] = {}
         t0 = time.perf_counter()
         for first in range(0, orders, batch):
@@ -149,9 +129,6 @@ def run(
                 last_report = len(confirmed)
                 print(f"  confirmed {len(confirmed):>6,}/{orders:,} orders", flush=True)
         elapsed = time.perf_counter() - t0
-        for r in pool:
-            r.stop.remote()
-        ray.get(runs)
         return _summarise(
             broker,
             orders,
@@ -163,7 +140,7 @@ def run(
             time.perf_counter() - t_start,
         )
     finally:
-        ray.kill(broker.actor, no_restart=True)
+        broker.stop()
         if tmp is not None:
             tmp.cleanup()
 

@@ -52,6 +52,30 @@ class Endpoint:
     def open(self) -> bool:
         return self.state in SENDABLE
 
+    def due_times(self) -> tuple[float | None, float | None, float | None]:
+        """When something falls due for this endpoint: its timer, its lifetime, its purge."""
+        return self.timer_at, self.expires_at, self.closed_at
+
+    def row(self) -> tuple[object, ...]:
+        """The endpoint as a row of the store's endpoints table (see store.ENDPOINT_COLUMNS)."""
+        return (
+            self.no,
+            self.handle,
+            self.conversation_id,
+            int(self.is_initiator),
+            self.service,
+            self.far_service,
+            self.contract,
+            self.group_no,
+            self.state.value,
+            self.send_seq,
+            self.recv_seq,
+            self.expires_at,
+            self.timer_at,
+            self.far_broker,
+            self.closed_at,
+        )
+
 
 def check_send(ep: Endpoint, contract: Contract, message_type: str) -> None:
     """Raise unless this endpoint may send `message_type` now."""
@@ -139,34 +163,3 @@ def parse_error_body(body: bytes) -> tuple[int, str]:
 LIFETIME_EXPIRED = -8489
 CONVERSATION_CLEANED_UP = -8470
 CONTRACT_NOT_ACCEPTED = -8408
-
-
-class InboundSequencer:
-    """Per-direction ordering: hands out each sequence number once, in order.
-
-    `offer` takes a message with its sequence number and returns the messages that are now
-    deliverable, in order. Duplicates (already delivered or already held) are counted and dropped;
-    messages after a gap are held until the gap is filled by a retransmission.
-    """
-
-    def __init__(self, expected: int = 0, max_held: int = 10_000) -> None:
-        self.expected = expected
-        self.max_held = max_held
-        self.held: dict[int, object] = {}
-        self.duplicates = 0
-
-    def offer(self, seq: int, item: object) -> list[object]:
-        if seq < self.expected or seq in self.held:
-            self.duplicates += 1
-            return []
-        if seq > self.expected:
-            if len(self.held) < self.max_held:
-                self.held[seq] = item
-            # else: dropped unacknowledged; the sender retransmits later
-            return []
-        out = [item]
-        self.expected += 1
-        while self.expected in self.held:
-            out.append(self.held.pop(self.expected))
-            self.expected += 1
-        return out

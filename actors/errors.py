@@ -162,3 +162,12 @@ class TopologyError(BrokerError):
 
 class StoreError(BrokerError):
     """The broker's store could not be opened or written."""
+
+
+class PeerUnreachable(BrokerError):
+    """Another broker could not be called (not running, restarting, too slow); `reason` says
+    which, in words fit for a transmission status."""
+
+    def __init__(self, broker: str, reason: str) -> None:
+        super().__init__(f"broker {broker!r} unreachable: {reason}")
+        self.broker, self.reason = broker, reason

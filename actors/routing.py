@@ -411,3 +411,23 @@ def choose(match: Match, *, service_is_local: bool) -> list[Hop]:
             broker = addr[len(RAY_SCHEME) :] if addr.startswith(RAY_SCHEME) else None
             hops.append(Hop(addr, broker, rank, name))
     return hops
+
+
+def next_hops(
+    table: Iterable[Route],
+    service_name: str,
+    broker_instance: str | None,
+    conversation_id: str,
+    now: float,
+    *,
+    local_broker_id: str,
+    local_name: str,
+    service_is_local: bool,
+) -> tuple[Match, list[Hop]]:
+    """Match and choose in one step, for either route table: the match and its usable next hops,
+    best first. A route that leads back to this broker by name is not a hop (LOCAL is)."""
+    m = match(
+        table, service_name, broker_instance, conversation_id, now, local_broker_id=local_broker_id
+    )
+    hops = [] if m.delayed else choose(m, service_is_local=service_is_local)
+    return m, [h for h in hops if h.rank == "local" or (h.broker and h.broker != local_name)]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvalidArgument, StoreError
 
@@ -57,6 +58,31 @@ ENDPOINT_COLUMNS = (
 MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"
 
 
+class TransmissionRow(NamedTuple):
+    """A message waiting in the transmission queue, as dispatch reads it."""
+
+    id: int
+    endpoint_no: int
+    seq: int
+    message_type: str
+    body: bytes
+    to_service: str
+    to_broker: str | None
+    attempts: int
+    enqueued_at: float
+
+
+class WaitingRow(NamedTuple):
+    """A message waiting in the transmission queue, as local delivery reads it."""
+
+    id: int
+    endpoint_no: int
+    seq: int
+    message_type: str
+    body: bytes
+    enqueued_at: float
+
+
 class Store:
     """SQLite persistence for one broker. `durability`: "normal" (a committed transaction survives
     the process being killed; WAL with synchronous=NORMAL) or "full" (also survives power loss)."""
@@ -73,6 +99,12 @@ class Store:
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.execute("PRAGMA cache_size=-65536")  # 64 MiB: receive reads what send wrote
             self.db.executescript(SCHEMA)
+            # the broker id is born with the store and never changes
+            self.db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('broker_id', ?)",
+                (str(uuid.uuid4()),),
+            )
+            self.broker_id: str = self.get_meta("broker_id") or ""
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path!r}: {exc}") from None
         self._in_tx = False
@@ -248,33 +280,40 @@ class Store:
             rows,
         )
 
-    def transmission_for(self, to_service: str) -> list[tuple[Any, ...]]:
-        return self.db.execute(
+    def transmission_for(self, to_service: str) -> list[WaitingRow]:
+        """Rows waiting to go to `to_service`, in queue order."""
+        rows = self.db.execute(
             "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission "
             "WHERE to_service=? ORDER BY id",
             (to_service,),
         ).fetchall()
+        return [WaitingRow(*r) for r in rows]
+
+    def parked_endpoints(self) -> list[int]:
+        """Every endpoint with messages in the transmission queue."""
+        return [r[0] for r in self.db.execute("SELECT DISTINCT endpoint_no FROM transmission")]
 
     def due_transmission(
         self, now: float, limit: int, skip: Iterable[int] = ()
-    ) -> list[tuple[Any, ...]]:
+    ) -> list[TransmissionRow]:
         """Rows whose next attempt is due, in queue order, except those of the endpoints in
-        `skip` (already being sent): (id, endpoint_no, seq, type, body, to_service, to_broker,
-        attempts, enqueued_at)."""
-        return self.db.execute(
+        `skip` (already being sent)."""
+        rows = self.db.execute(
             "SELECT id, endpoint_no, seq, type, body, to_service, to_broker, attempts, "
             "enqueued_at FROM transmission WHERE next_attempt <= ? AND endpoint_no NOT IN "
             "(SELECT value FROM json_each(?)) ORDER BY id LIMIT ?",
             (now, json.dumps(list(skip)), limit),
         ).fetchall()
+        return [TransmissionRow(*r) for r in rows]
 
-    def endpoint_transmission(self, endpoint_no: int) -> list[tuple[Any, ...]]:
-        """One endpoint's rows in order: (id, endpoint_no, seq, type, body, enqueued_at)."""
-        return self.db.execute(
+    def endpoint_transmission(self, endpoint_no: int) -> list[WaitingRow]:
+        """One endpoint's waiting rows, in sequence order."""
+        rows = self.db.execute(
             "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission "
             "WHERE endpoint_no=? ORDER BY seq",
             (endpoint_no,),
         ).fetchall()
+        return [WaitingRow(*r) for r in rows]
 
     def delay_transmission(self, rows: Iterable[tuple[str, float, int, int]]) -> None:
         """rows: (status, next_attempt, attempts, id)."""
@@ -282,12 +321,20 @@ class Store:
             "UPDATE transmission SET status=?, next_attempt=?, attempts=? WHERE id=?", rows
         )
 
-    def fail_transmission(self, ids: Sequence[int], status: str, now: float) -> None:
-        """No hop took these rows: count the attempt and back off (50 ms doubling to 5 s)."""
+    def fail_transmission(
+        self,
+        ids: Sequence[int],
+        status: str,
+        now: float,
+        retry_min_s: float = 0.05,
+        retry_max_s: float = 5.0,
+    ) -> None:
+        """No hop took these rows: count the attempt and back off (`retry_min_s` doubling up to
+        `retry_max_s`, as `Limits.backoff`)."""
         self.db.executemany(
             "UPDATE transmission SET status=?, attempts=attempts+1, "
-            "next_attempt=? + MIN(5.0, 0.05 * (1 << MIN(attempts, 10))) WHERE id=?",
-            ((status, now, i) for i in ids),
+            "next_attempt=? + MIN(?, ? * (1 << MIN(attempts, 10))) WHERE id=?",
+            ((status, now, retry_max_s, retry_min_s, i) for i in ids),
         )
 
     def retry_all_now(self) -> None:

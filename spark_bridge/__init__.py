@@ -1,0 +1,1 @@
+"""The bridge between raybroker and Spark through RayDP (to come)."""

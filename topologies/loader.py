@@ -8,15 +8,13 @@ directory, or ":memory:"), and lists of `message_types`, `contracts`, `queues` (
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from actors.catalog import Catalog, Definition, check_name, from_record, kind_of
+from actors.catalog import Catalog, Definition, check_name, from_record
 from actors.errors import BrokerError, TopologyError
-from actors.remote.client import Broker, start_broker
 
 SECTIONS = (
     ("message_types", "message_type"),
@@ -87,18 +85,3 @@ def parse(doc: Any, where: str = "topology") -> Topology:
                 spec.definitions.append(defn)
         specs.append(spec)
     return Topology(specs)
-
-
-def deploy(topology: Topology, data_dir: str, **broker_options: Any) -> dict[str, Broker]:
-    """Start every broker (or attach to it if it runs) and create what it does not have yet."""
-    os.makedirs(data_dir, exist_ok=True)
-    out = {}
-    for spec in topology.brokers:
-        path = spec.storage if spec.storage == ":memory:" else os.path.join(data_dir, spec.storage)
-        broker = start_broker(spec.name, path, **broker_options)
-        have = {(kind, rec["name"]) for kind, rec in broker.definitions()}
-        for defn in spec.definitions:
-            if (kind_of(defn), defn.name) not in have:
-                broker.create(defn)
-        out[spec.name] = broker
-    return out

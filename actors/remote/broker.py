@@ -14,7 +14,6 @@ import os
 import time
 from typing import Any
 
-import msgpack
 import ray
 
 from ..catalog import from_record
@@ -22,15 +21,12 @@ from ..core import BrokerCore, Limits
 from ..envelope import Begin, ReceivedGroup, Timer, pack_received, unpack_ops
 from ..errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
 from ..store import Store
-from ..transport import Arrival, Outbound, merge_replies, pack_arrival, refuses_all
+from ..transport import Outbound
+from .peers import RayPeers
 from .pools import ReaderPools
 
 log = logging.getLogger("raybroker")
 
-OWNER_CHECK_S = 1.0  # how often holders of locks are checked for being alive
-TICK_MAX_S = 0.25  # the longest the clock sleeps between looks at timers and leases
-SEND_TIMEOUT_S = 30.0  # a far broker that takes longer than this is treated as unreachable
-FORWARD_BUFFER = 10_000  # messages a forwarding broker holds in memory at once
 # Failpoints for fault-injection tests: "exit_after_commit" kills the process right after the next
 # apply/settle commits, before its reply leaves (the window where a retry must not apply twice).
 FAILPOINTS = frozenset({"exit_after_commit"})
@@ -45,8 +41,10 @@ class BrokerActor:
     ) -> None:
         self.name = name
         self.namespace = namespace  # where this broker and its peers are registered
-        self.forward_buffer = limits.pop("forward_buffer", FORWARD_BUFFER)
+        # as started, so start_broker can refuse to attach with other settings
+        self.path, self.durability, self.limits = path, durability, dict(limits)
         self.core = BrokerCore(Store(path, durability), time.time, Limits(**limits), name)
+        self.courier = self.core.transport.courier(RayPeers(namespace))
         self.core.notify = self._wake
         self.core.on_event = self._surface
         self._waiters: dict[str, asyncio.Event] = {}
@@ -55,9 +53,7 @@ class BrokerActor:
         self._failpoints: set[str] = set()
         self.pools = ReaderPools(self)
         self._clock = asyncio.get_running_loop().create_task(self._run_clock())
-        self._peers: dict[str, Any] = {}
         self._send_poke = asyncio.Event()
-        self._forwarding_now = 0  # messages held in memory while being relayed
         self._sender = asyncio.get_running_loop().create_task(self._run_sender())
 
     # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
@@ -70,12 +66,13 @@ class BrokerActor:
                 self.pools.tick()
                 now = time.time()
                 if now >= next_owner_check:
-                    next_owner_check = now + OWNER_CHECK_S
+                    next_owner_check = now + self.core.limits.owner_check_s
                     await self._release_dead_owners()
             except Exception:  # the clock must outlive any one failure; it is logged
                 log.exception("broker %s: clock tick failed", self.name)
                 due = None
-            delay = TICK_MAX_S if due is None else min(TICK_MAX_S, max(0.0, due - time.time()))
+            most = self.core.limits.tick_max_s
+            delay = most if due is None else min(most, max(0.0, due - time.time()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), delay)
             self._poke.clear()
@@ -116,67 +113,14 @@ class BrokerActor:
                 log.exception("broker %s: dispatching the transmission queue failed", self.name)
 
     async def _send(self, out: Outbound) -> None:
-        """Try the batch's next hops in order: a hop that is unreachable, or that answers
-        refusing the whole batch, passes it to the next (failover)."""
-        transport = self.core.transport
-        try:
-            blob = out.blob()
-            why = "no next hop"
-            for n, hop in enumerate(out.hops):
-                try:
-                    reply = await asyncio.wait_for(
-                        self._peer(hop.broker).deliver.remote(blob), SEND_TIMEOUT_S
-                    )
-                except Exception as exc:  # unreachable in any way: try the next path
-                    self._peers.pop(hop.broker, None)
-                    why = f"{hop.address} unreachable ({type(exc).__name__})"
-                    continue
-                if n + 1 < len(out.hops) and refuses_all(reply):
-                    why = f"{hop.address} refused it"
-                    continue
-                transport.acknowledged(out, reply)
-                self._send_poke.set()  # the same dialogs may have more to send
-                return
-            transport.failed(out, why)
-        except Exception:
-            log.exception("broker %s: sending a batch failed; it is retried", self.name)
-            transport.release(out)
-
-    def _peer(self, broker: str | None) -> Any:
-        if broker not in self._peers:
-            self._peers[broker] = ray.get_actor(broker, namespace=self.namespace)
-        return self._peers[broker]
+        if await self.courier.send(out):
+            self._send_poke.set()  # the same dialogs may have more to send
 
     async def deliver(self, blob: bytes) -> bytes:
         """Bundles from another broker: deliver, forward, acknowledge (see actors.transport)."""
-        arrival = self.core.transport.arrive(blob)
-        replies = [pack_arrival(arrival)]
-        for hops, bundles in arrival.forwards:
-            replies.append(await self._forward(hops, bundles))
+        reply = await self.courier.deliver(blob)
         self._send_poke.set()  # replies to these dialogs may be waiting to go out
-        return merge_replies(replies)
-
-    async def _forward(self, hops: list[Any], bundles: list[Any]) -> bytes:
-        """Relay bundles, holding them in memory (bounded) until the next hop answers; the
-        answer carries the owning broker's acknowledgements back to the sender."""
-        n = sum(len(b[9]) for b in bundles)
-        if self._forwarding_now + n > self.forward_buffer:
-            return pack_arrival(Arrival(refused=[f"{self.name}: forwarding buffer full"]))
-        self._forwarding_now += n
-        try:
-            blob = msgpack.packb(bundles, use_bin_type=True)
-            why = "no next hop"
-            for hop in hops:
-                try:
-                    return await asyncio.wait_for(
-                        self._peer(hop.broker).deliver.remote(blob), SEND_TIMEOUT_S
-                    )
-                except Exception as exc:
-                    self._peers.pop(hop.broker, None)
-                    why = f"{self.name} could not forward to {hop.address} ({type(exc).__name__})"
-            return pack_arrival(Arrival(refused=[why]))
-        finally:
-            self._forwarding_now -= n
+        return reply
 
     # --- routes ----------------------------------------------------------------------------------
 
@@ -235,7 +179,14 @@ class BrokerActor:
     # --- verbs (each one core call, one transaction) --------------------------------------------
 
     async def info(self) -> dict[str, Any]:
-        return {"name": self.name, "broker_id": self.core.broker_id, "pid": os.getpid()}
+        return {
+            "name": self.name,
+            "broker_id": self.core.broker_id,
+            "pid": os.getpid(),
+            "path": self.path,
+            "durability": self.durability,
+            "limits": self.limits,
+        }
 
     async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:
         self.core.create(from_record(kind, record), request_id)

@@ -9,6 +9,8 @@ call is applied once) until `retry_s` runs out, then `BrokerUnavailable`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,9 +21,9 @@ import ray
 from ..catalog import Definition, kind_of, to_record
 from ..envelope import End, Op, ReceivedGroup, Send, Timer, pack_ops, unpack_received
 from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
-from .broker import BrokerActor
 
 DEFAULT_NAMESPACE = "raybroker"
+STOP_WAIT_S = 30.0  # how long `stop` waits for Ray to release a killed broker's name
 _TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 LockRef = ReceivedGroup | str
@@ -361,6 +363,35 @@ class Broker(_Verbs):
                 continue
             return post(result) if post else result
 
+    def stop(self, delete_store: bool = False) -> None:
+        """Stop this broker for good: kill its actor with no restart and wait until its name is
+        free. `delete_store=True` also removes its SQLite file and the -wal/-shm files beside it,
+        from this machine's file system (so call it on the broker's node)."""
+        path = self.info()["path"] if delete_store else ":memory:"  # only the actor knows it
+        ray.kill(self.actor, no_restart=True)
+        deadline = time.monotonic() + STOP_WAIT_S
+        # ray.kill returns before Ray drops the name; wait, so the name can be reused at once
+        while _holds_name(self):
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(f"Ray still holds {self.name!r} {STOP_WAIT_S}s after kill")
+            time.sleep(0.02)
+        if path != ":memory:":
+            for f in (path, f"{path}-wal", f"{path}-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f)
+
+
+def _holds_name(broker: Broker) -> bool:
+    try:  # ActorHandle equality is actor identity: a new broker of that name does not count
+        return ray.get_actor(broker.name, namespace=broker.namespace) == broker.actor
+    except ValueError:
+        return False
+
+
+def stop_broker(name: str, namespace: str = DEFAULT_NAMESPACE, delete_store: bool = False) -> None:
+    """Stop the running broker `name` for good (see `Broker.stop`)."""
+    connect(name, namespace).stop(delete_store)
+
 
 class AsyncBroker(_Verbs):
     """The same verbs as `Broker`, as coroutines (for async actors and asyncio drivers)."""
@@ -380,43 +411,6 @@ class AsyncBroker(_Verbs):
                 await asyncio.sleep(backoff.after(exc))
                 continue
             return post(result) if post else result
-
-
-def start_broker(
-    name: str,
-    path: str = ":memory:",
-    *,
-    namespace: str = DEFAULT_NAMESPACE,
-    durability: str = "normal",
-    detached: bool = False,
-    get_if_exists: bool = True,
-    retry_s: float = 60.0,
-    max_body_bytes: int | None = None,
-    lease_s: float | None = None,
-    forward_buffer: int | None = None,
-    **actor_options: Any,
-) -> Broker:
-    """Start the broker actor `name` (or attach to it if it runs), with its store at `path`
-    (a SQLite file, or ":memory:" for a broker that forgets on restart). Ray restarts the actor
-    if its process dies; it reopens the store and carries on. `actor_options` go to Ray
-    (num_cpus, resources, scheduling_strategy, ...) for placement."""
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument("a broker needs a non-empty name")
-    given = {"max_body_bytes": max_body_bytes, "lease_s": lease_s, "forward_buffer": forward_buffer}
-    limits = {k: v for k, v in given.items() if v is not None}
-    options = {"num_cpus": 0, "max_concurrency": 1000, **actor_options}
-    cls = ray.remote(BrokerActor).options(
-        name=name,
-        namespace=namespace,
-        max_restarts=-1,
-        max_task_retries=0,  # the client retries, with request ids, so nothing applies twice
-        lifetime="detached" if detached else None,
-        get_if_exists=get_if_exists,
-        **options,
-    )
-    broker = Broker(cls.remote(name, path, durability, limits, namespace), name, namespace, retry_s)
-    broker.info()  # surfaces a bad path or option now, not at first use
-    return broker
 
 
 def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:

@@ -1,8 +1,9 @@
 """Reader pools: the broker actor's side of activation (starting, watching and retiring readers).
 
-How many readers a queue needs is decided by `actors.activation.readers_to_start`; what a reader
-does is `actors.activation.read_until_idle`. This module only starts them, in reader actors
-("pool") or as tasks in the broker's own process ("internal"), and notices when they end.
+Every decision (how many readers, when to look again, the spare actor, the back-off after a
+failure) is `actors.activation.PoolPolicy`'s; what a reader does is
+`actors.activation.read_until_idle`. This module only carries the decisions out, in reader actors
+("pool") or as tasks in the broker's own process ("internal"), and notices when readers end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from ..activation import read_until_idle, readers_to_start
+from ..activation import PoolPolicy, PoolTunables, read_until_idle
 from ..catalog import Activation, resolve_handler
 from ..envelope import ReceivedGroup
 from .reader import ReaderActor
@@ -26,27 +27,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raybroker")
 
-GROWTH_CHECK_S = 0.5  # how often a running pool looks at whether its queue is still growing
-FAILED_START_BACKOFF_S = 5.0
+
+@dataclass
+class _ReaderActor:
+    """A reader actor's handle, and its id (the owner its locks are held under) once it answers."""
+
+    handle: Any
+    actor_id: Any  # ObjectRef[str] of ReaderActor.actor_id, asked for when the actor is made
 
 
 @dataclass
 class _Pool:
     readers: dict[str, asyncio.Future] = field(default_factory=dict)
-    actors: dict[str, Any] = field(default_factory=dict)  # pool readers' actor handles
-    spare: Any = None  # a started, idle reader actor, so activation does not wait for a process
-    last_depth: int = 0
-    last_removed: int = 0
-    last_check: float = 0.0
-    next_check: float = 0.0
-    backoff_until: float = 0.0  # after a reader could not start: no new ones before this
-    started: int = 0
+    actors: dict[str, _ReaderActor] = field(default_factory=dict)  # pool readers' actors
+    spare: _ReaderActor | None = None  # a started, idle reader actor (the policy says when)
 
 
 class ReaderPools:
-    def __init__(self, broker: BrokerActor) -> None:
+    def __init__(self, broker: BrokerActor, tunables: PoolTunables | None = None) -> None:
         self.broker = broker
         self.core = broker.core
+        self.policy = PoolPolicy(time.monotonic, tunables)
         self.pools: dict[str, _Pool] = {}
         self._scheduled: set[str] = set()
         self._ids = itertools.count(1)
@@ -70,7 +71,7 @@ class ReaderPools:
     def reader_actors(self, queue: str) -> list[Any]:
         """The actor handles of a queue's running pool readers (for fault-injection tests)."""
         pool = self.pools.get(queue)
-        return list(pool.actors.values()) if pool else []
+        return [a.handle for a in pool.actors.values()] if pool else []
 
     def nudge(self, queue: str) -> None:
         """Messages arrived on `queue` (or a group came free): look at it soon."""
@@ -90,25 +91,15 @@ class ReaderPools:
         self._scheduled.discard(queue)
         act = self.activation(queue)
         pool = self.pools.setdefault(queue, _Pool())
-        if act is None or act.placement != "pool":
-            self._drop_spare(pool)  # running readers are retired at their next receive
-        if act is None:
-            return
-        now = time.monotonic()
-        if now < pool.backoff_until:
-            return
-        if act.placement == "pool" and pool.spare is None and not pool.readers:
-            # one started actor waits for the next activation; a reader that goes idle becomes
-            # the spare (it is warm), so none is made while readers run
-            pool.spare = self._new_reader_actor()
-        if pool.readers and now < pool.next_check:
-            return
         depth, removed = self.core.depth(queue)
-        rate = (removed - pool.last_removed) / max(now - pool.last_check, 1e-3)
-        n = readers_to_start(depth, pool.last_depth, len(pool.readers), act.max_readers, rate)
-        pool.last_depth, pool.last_removed = depth, removed
-        pool.last_check, pool.next_check = now, now + GROWTH_CHECK_S
-        for _ in range(n):
+        decision = self.policy.decide(queue, act, depth, removed, len(pool.readers))
+        if decision.drop_spare:
+            self._drop_spare(pool)
+        if decision.make_spare:
+            pool.spare = self._new_reader_actor()
+        if act is None:  # an inactive queue is never told to start readers
+            return
+        for _ in range(decision.start):
             self._start(queue, act, pool)
 
     def _start(self, queue: str, act: Activation, pool: _Pool) -> None:
@@ -118,7 +109,6 @@ class ReaderPools:
         else:
             task = asyncio.ensure_future(self._run_pooled(queue, act, rid, pool))
         pool.readers[rid] = task
-        pool.started += 1
         task.add_done_callback(lambda _t: self._ended(queue, rid))
 
     def _ended(self, queue: str, rid: str) -> None:
@@ -139,35 +129,45 @@ class ReaderPools:
 
     async def _run_pooled(self, queue: str, act: Activation, rid: str, pool: _Pool) -> None:
         actor, pool.spare = pool.spare or self._new_reader_actor(), None
+        self.policy.spare_taken(queue)
         pool.actors[rid] = actor
         try:
-            stats = await actor.run.remote(queue, rid, act.__dict__)
+            stats = await actor.handle.run.remote(queue, rid, act.__dict__)
         except ray.exceptions.RayActorError as exc:
-            owner = getattr(getattr(actor, "_actor_id", None), "hex", lambda: None)()
+            owner = await self._actor_id(actor)
             released = self.core.release_owner(owner) if owner else 0
             log.warning("reader %s died (%s); %d lock(s) released", rid, exc, released)
+            self.policy.reader_ended(queue, self.activation(queue), warm=False)
             return
         except Exception as exc:
             self._failed(queue, rid, exc)
-            ray.kill(actor)
+            self.policy.reader_ended(queue, self.activation(queue), warm=False)
+            ray.kill(actor.handle)
             return
         finally:
             pool.actors.pop(rid, None)
         log.info("reader %s stopped (%s) after %d messages", rid, stats["reason"], stats["handled"])
-        if pool.spare is None and self.activation(queue) is not None:
+        if self.policy.reader_ended(queue, self.activation(queue)):
             pool.spare = actor
         else:
-            ray.kill(actor)
+            ray.kill(actor.handle)
+
+    @staticmethod
+    async def _actor_id(actor: _ReaderActor) -> str | None:
+        """The reader actor's id; None if it died before it could say (then it held no locks:
+        Ray runs its calls in order, and this one was its first)."""
+        try:
+            return await actor.actor_id
+        except ray.exceptions.RayError:
+            return None
 
     def _failed(self, queue: str, rid: str, exc: Exception) -> None:
         cause = getattr(exc, "cause", exc)
         log.error("reader %s could not run: %s", rid, cause)
         self.core.record_event("ActivationFailed", queue, f"reader {rid}: {cause}")
-        pool = self.pools.get(queue)
-        if pool is not None:
-            pool.backoff_until = time.monotonic() + FAILED_START_BACKOFF_S
+        self.policy.reader_failed(queue)
 
-    def _new_reader_actor(self) -> Any:
+    def _new_reader_actor(self) -> _ReaderActor:
         if self._client is None:
             from .client import Broker
 
@@ -176,16 +176,18 @@ class ReaderPools:
         cls = ray.remote(ReaderActor).options(
             num_cpus=0, scheduling_strategy="SPREAD", max_restarts=0
         )
-        return cls.remote(self._client)
+        handle = cls.remote(self._client)
+        return _ReaderActor(handle, handle.actor_id.remote())
 
     def _drop_spare(self, pool: _Pool) -> None:
         if pool.spare is not None:
-            ray.kill(pool.spare)
+            ray.kill(pool.spare.handle)
             pool.spare = None
 
     def shutdown(self) -> None:
-        for pool in self.pools.values():
+        for queue, pool in self.pools.items():
             self._drop_spare(pool)
+            self.policy.spare_gone(queue)
 
 
 class _InternalPort:

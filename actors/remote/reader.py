@@ -10,6 +10,8 @@ import dataclasses
 import time
 from typing import Any
 
+import ray
+
 from ..activation import read_until_idle
 from ..catalog import Activation, resolve_handler
 
@@ -17,6 +19,11 @@ from ..catalog import Activation, resolve_handler
 class ReaderActor:
     def __init__(self, broker: Any) -> None:
         self.broker = broker  # an actors.remote.client.Broker
+
+    def actor_id(self) -> str:
+        """This actor's id: the owner its locks are held under, which the broker releases if the
+        actor dies."""
+        return ray.get_runtime_context().get_actor_id()
 
     async def run(self, queue: str, reader_id: str, activation: dict[str, Any]) -> dict[str, Any]:
         act = Activation(**activation)

@@ -26,7 +26,7 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture
 def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
-    """Start brokers with files under this test's tmp_path; all are killed at the end."""
+    """Start brokers with files under this test's tmp_path; all are stopped at the end."""
     started: list[Broker] = []
 
     def make(path: str | None = None, name: str | None = None, **options: Any) -> Broker:
@@ -37,7 +37,7 @@ def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
 
     yield make
     for b in started:
-        ray.kill(b.actor, no_restart=True)
+        b.stop()
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from actors.errors import InvalidDefinition
 from .activation_handlers import RECORDER, RECORDER_NAMESPACE, Recorder
 from .conftest import wait_until
 
-COUNT = "benchmarks.handlers:count_in_order"
-SLOW_COUNT = "benchmarks.handlers:slow_count"
+COUNT = "actors.handlers:count_in_order"
+SLOW_COUNT = "actors.handlers:slow_count"
 
 
 def define(broker, activation: Activation | None, poison_limit: int = 5) -> None:
@@ -209,7 +209,7 @@ def test_a_hung_handler_is_bounded_by_its_lease_and_its_group_comes_back(broker)
     "activation",
     [
         Activation("no_such_module:handler"),
-        Activation("benchmarks.handlers:no_such_function"),
+        Activation("actors.handlers:no_such_function"),
         Activation(COUNT, max_readers=0),
         Activation(COUNT, placement="everywhere"),
         Activation(COUNT, idle_timeout=0),

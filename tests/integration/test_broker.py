@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 import ray
 
-from actors import Begin, End, MessageType, Queue, Send, Service, connect, start_broker
+from actors import (
+    Begin,
+    End,
+    MessageType,
+    Queue,
+    Send,
+    Service,
+    connect,
+    start_broker,
+    stop_broker,
+)
 from actors.envelope import unpack_received
 from actors.errors import (
     AlreadyExists,
@@ -18,6 +29,7 @@ from actors.errors import (
     ConversationEnded,
     ConversationNotFound,
     InUse,
+    InvalidArgument,
     InvalidDefinition,
     LockNotHeld,
     QueueDisabled,
@@ -102,6 +114,73 @@ def test_the_catalog_and_broker_id_survive_a_broker_restart(broker):
 
 def test_connect_finds_a_running_broker_by_name(broker):
     assert connect(broker.name).info()["broker_id"] == broker.info()["broker_id"]
+
+
+def test_a_stopped_broker_frees_its_name_and_keeps_its_file(make_broker, tmp_path):
+    first = str(tmp_path / "first.sqlite")
+    b = make_broker(first)
+    b.create(Queue("OldQueue"))
+    b.stop()
+    with pytest.raises(BrokerUnavailable):
+        connect(b.name)
+    assert os.path.exists(first)  # stopped, not deleted
+    again = make_broker(str(tmp_path / "second.sqlite"), name=b.name)
+    assert again.info()["path"] == str(tmp_path / "second.sqlite")
+    assert "OldQueue" not in {r["name"] for _, r in again.definitions()}
+
+
+def test_stop_with_delete_store_removes_the_file_and_its_wal(make_broker, tmp_path):
+    path = str(tmp_path / "gone.sqlite")
+    b = make_broker(path)
+    define_orders(b)
+    b.send(b.begin_dialog("Orders", "Fulfilment", "OrderContract"), "Order", order(1))
+    assert os.path.exists(path)
+    b.stop(delete_store=True)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("gone.sqlite")]
+
+
+def test_stop_broker_stops_a_broker_by_name(make_broker):
+    b = make_broker()
+    stop_broker(b.name)
+    with pytest.raises(BrokerUnavailable):
+        connect(b.name)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        pytest.param({"path": "other.sqlite"}, "path", id="path"),
+        pytest.param({"durability": "full"}, "durability", id="durability"),
+        pytest.param({"max_body_bytes": 1000}, "max_body_bytes", id="max_body_bytes"),
+        pytest.param({"lease_s": None}, "lease_s the default, it runs with 7", id="lease_s"),
+        pytest.param({"forward_buffer": 5}, "forward_buffer", id="forward_buffer"),
+    ],
+)
+def test_attaching_with_other_settings_is_refused(make_broker, tmp_path, changes, named):
+    started = {"path": str(tmp_path / "b.sqlite"), "lease_s": 7}
+    b = make_broker(**started)
+    asked = {**started, **changes}
+    if "path" in changes:
+        asked["path"] = str(tmp_path / changes["path"])
+    with pytest.raises(InvalidArgument, match=named) as refused:
+        start_broker(b.name, **asked)
+    assert "already runs with other settings" in str(refused.value)
+    assert b.info()["limits"] == {"lease_s": 7}  # the running broker is untouched
+
+
+def test_attaching_with_the_same_settings_returns_the_running_broker(make_broker, tmp_path):
+    settings = {"durability": "full", "max_body_bytes": 4096, "lease_s": 5.0, "forward_buffer": 50}
+    b = make_broker(str(tmp_path / "same.sqlite"), **settings)
+    b.create(Queue("Kept"))
+    again = start_broker(b.name, str(tmp_path / "same.sqlite"), **settings)
+    assert again.info() == b.info()  # same process, same broker id, same settings
+    assert "Kept" in {r["name"] for _, r in again.definitions()}
+
+
+def test_an_in_memory_broker_warns_that_a_restart_empties_it(make_broker):
+    with pytest.warns(RuntimeWarning, match="a restart empties it"):
+        b = make_broker(":memory:")
+    assert b.info()["path"] == ":memory:"
 
 
 # --- dialogs ---------------------------------------------------------------------------------

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-import ray
-
 from actors import Begin, Send
-from topologies.loader import deploy, load
+from topologies.deploy import deploy
+from topologies.loader import load
 
 from .conftest import wait_until
 
@@ -37,4 +36,4 @@ def test_high_priority_jobs_finish_while_low_priority_ones_wait(ray_session, tmp
         )
     finally:
         for broker in brokers.values():
-            ray.kill(broker.actor, no_restart=True)
+            broker.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from actors.activation import HandlerContext
 from actors.envelope import ReceivedGroup
-from benchmarks.handlers import count_in_order
+from actors.handlers import count_in_order
 
 NOT_A_FUNCTION = 42  # resolves, but is not callable
 

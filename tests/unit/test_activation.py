@@ -37,10 +37,10 @@ from actors.errors import (
     LockNotHeld,
     ReaderRetired,
 )
-from benchmarks.handlers import count_in_order, discard, slow_count, stamp_first_call
+from actors.handlers import count_in_order, discard, slow_count, stamp_first_call
 from tests.unit import activation_handlers
 
-COUNT = "benchmarks.handlers:count_in_order"
+COUNT = "actors.handlers:count_in_order"
 
 
 # --- a reader port over a real BrokerCore ------------------------------------------------------
@@ -705,12 +705,12 @@ def test_an_activation_refuses_a_bound_method_handler():
 @pytest.mark.parametrize(
     "path",
     [
-        pytest.param("benchmarks.handlers", id="no colon"),
-        pytest.param("benchmarks:handlers:discard", id="two colons"),
+        pytest.param("actors.handlers", id="no colon"),
+        pytest.param("actors:handlers:discard", id="two colons"),
         pytest.param(42, id="not a string"),
         pytest.param("no_such_module_xyz:handler", id="module does not import"),
-        pytest.param("benchmarks.handlers:no_such_handler", id="no such function"),
-        pytest.param("benchmarks.handlers:", id="empty function name"),
+        pytest.param("actors.handlers:no_such_handler", id="no such function"),
+        pytest.param("actors.handlers:", id="empty function name"),
         pytest.param("tests.unit.activation_handlers:NOT_A_FUNCTION", id="not callable"),
     ],
 )
@@ -751,11 +751,11 @@ def test_check_valid_accepts_a_queue_with_a_sound_activation(fields):
     "fields",
     [
         pytest.param({"handler": "no_such_module_xyz:f"}, id="handler does not import"),
-        pytest.param({"handler": "benchmarks.handlers:missing"}, id="handler missing"),
+        pytest.param({"handler": "actors.handlers:missing"}, id="handler missing"),
         pytest.param(
             {"handler": "tests.unit.activation_handlers:NOT_A_FUNCTION"}, id="not callable"
         ),
-        pytest.param({"handler": "benchmarks.handlers"}, id="handler without colon"),
+        pytest.param({"handler": "actors.handlers"}, id="handler without colon"),
         pytest.param({"max_readers": 0}, id="max_readers 0"),
         pytest.param({"max_readers": -1}, id="max_readers negative"),
         pytest.param({"max_readers": 2.0}, id="max_readers float"),
@@ -828,11 +828,11 @@ def test_check_alter_with_an_activation_dict_defines_one_on_a_queue_without():
     new = cat.check_alter(
         "queue",
         "ActQ",
-        {"activation": {"handler": "benchmarks.handlers:discard", "max_readers": 3}},
+        {"activation": {"handler": "actors.handlers:discard", "max_readers": 3}},
     )
 
     assert new == Queue(
-        "ActQ", poison_limit=2, activation=Activation("benchmarks.handlers:discard", max_readers=3)
+        "ActQ", poison_limit=2, activation=Activation("actors.handlers:discard", max_readers=3)
     )
 
 
@@ -841,7 +841,7 @@ def test_check_alter_takes_a_function_as_the_handler_in_an_activation_dict():
 
     new = cat.check_alter("queue", "ActQ", {"activation": {"handler": discard}})
 
-    assert new.activation == Activation("benchmarks.handlers:discard")
+    assert new.activation == Activation("actors.handlers:discard")
 
 
 def test_check_alter_with_activation_none_removes_it():

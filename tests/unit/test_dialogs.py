@@ -5,15 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from actors.catalog import DIALOG_TIMER, END_DIALOG, ERROR, Contract
 from actors.dialogs import (
     SENDABLE,
     EndPlan,
     Endpoint,
-    InboundSequencer,
     State,
     after_send,
     check_send,
@@ -241,75 +238,3 @@ def test_an_error_body_parses_back_to_its_code_and_description(code, description
 
 def test_an_error_body_is_json_with_code_and_description():
     assert error_body(42, "x") == b'{"code": 42, "description": "x"}'
-
-
-# --- InboundSequencer ------------------------------------------------------------------------
-
-
-def test_in_order_messages_are_delivered_at_once():
-    seq = InboundSequencer()
-    assert [seq.offer(i, f"m{i}") for i in range(3)] == [["m0"], ["m1"], ["m2"]]
-    assert seq.expected == 3
-
-
-def test_a_message_after_a_gap_is_held_until_the_gap_is_filled():
-    seq = InboundSequencer()
-    assert seq.offer(2, "m2") == []
-    assert seq.offer(1, "m1") == []
-    assert seq.held == {1: "m1", 2: "m2"}
-    assert seq.offer(0, "m0") == ["m0", "m1", "m2"]
-    assert seq.held == {}
-    assert seq.expected == 3
-
-
-def test_a_sequencer_can_start_at_a_later_expected_number():
-    seq = InboundSequencer(expected=5)
-    assert seq.offer(4, "old") == []
-    assert seq.offer(5, "m5") == ["m5"]
-
-
-def test_an_already_delivered_message_is_counted_as_a_duplicate_and_dropped():
-    seq = InboundSequencer()
-    seq.offer(0, "m0")
-    assert seq.offer(0, "again") == []
-    assert seq.duplicates == 1
-    assert seq.expected == 1
-
-
-def test_an_already_held_message_is_counted_as_a_duplicate_and_the_first_copy_kept():
-    seq = InboundSequencer()
-    seq.offer(1, "first")
-    assert seq.offer(1, "second") == []
-    assert seq.duplicates == 1
-    assert seq.offer(0, "m0") == ["m0", "first"]
-
-
-def test_a_message_beyond_max_held_is_dropped_and_accepted_when_retransmitted():
-    seq = InboundSequencer(max_held=1)
-    seq.offer(1, "m1")
-    assert seq.offer(2, "m2") == []
-    assert seq.held == {1: "m1"}
-    assert seq.duplicates == 0
-    assert seq.offer(0, "m0") == ["m0", "m1"]
-    assert seq.offer(2, "m2 again") == ["m2 again"]
-
-
-@st.composite
-def _shuffled_with_duplicates(draw: st.DrawFn) -> tuple[int, list[int]]:
-    n = draw(st.integers(0, 40))
-    offers = draw(st.permutations(range(n)))
-    extra = draw(st.lists(st.integers(0, n - 1), max_size=20)) if n else []
-    for dup in extra:
-        offers.insert(draw(st.integers(0, len(offers))), dup)
-    return n, offers
-
-
-@settings(max_examples=200, deadline=None)
-@given(_shuffled_with_duplicates())
-def test_any_shuffle_with_duplicates_is_delivered_in_order_exactly_once(case):
-    n, offers = case
-    seq = InboundSequencer()
-    delivered = [item for s in offers for item in seq.offer(s, s)]
-    assert delivered == list(range(n))
-    assert seq.duplicates == len(offers) - n
-    assert seq.held == {}

@@ -51,6 +51,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.TopologyError: errors.TopologyError("t.yaml: brokers[0]: unknown key(s)"),
     errors.BrokerUnavailable: errors.BrokerUnavailable("unreachable"),
     errors.StoreError: errors.StoreError("cannot open"),
+    errors.PeerUnreachable: errors.PeerUnreachable("B", "not running"),
 }
 
 

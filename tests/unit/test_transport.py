@@ -1,9 +1,10 @@
 """The transport between brokers, without Ray: several in-process `BrokerCore`s on real
-:memory: stores and one fake clock, wired by `Network` exactly as the broker actor wires them
-(actors/remote/broker.py `_send`, `deliver`, `_forward`)."""
+:memory: stores and one fake clock, each with the real `Courier` (failover, relaying, the
+forward buffer) over in-process peers, as the broker actor has it over Ray."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import msgpack
@@ -21,34 +22,28 @@ from actors.transport import (
     MESSAGE_REFUSED,
     RETRY_MAX_S,
     RETRY_MIN_S,
-    Arrival,
+    Courier,
     Outbound,
-    Transport,
-    merge_replies,
-    pack_arrival,
 )
-from tests.fakes import FakeClock
+from actors.transport.inbound import Receiver
+from tests.fakes import FakeClock, InProcessPeers
 
 INIT = Service("Init", "InitQ")
 TARGET = Service("Target", "TargetQ", ("C",))
 LATER = RETRY_MAX_S + 0.01  # past any backoff
 
 
-class Unreachable(Exception):
-    """A broker that is down (or unknown): the call to it fails."""
-
-
 class Network:
-    """Named brokers and the calls between them. `down` holds the names of unreachable brokers.
-
-    `send` does what the actor's `_send` does (try the hops in order; acknowledged / failed),
-    `deliver` what its `deliver` does (arrive, relay the forwards, merge the replies)."""
+    """Named brokers and the calls between them, each broker with its real `Courier` over
+    `InProcessPeers`. `down` holds the names of unreachable brokers; `calls` every call that got
+    through, as (caller, callee)."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.cores: dict[str, BrokerCore] = {}
+        self.couriers: dict[str, Courier] = {}
         self.down: set[str] = set()
-        self.calls: list[tuple[str, str]] = []  # (caller, callee) of every call that got through
+        self.calls: list[tuple[str, str]] = []
 
     def add(
         self,
@@ -56,8 +51,9 @@ class Network:
         *services: Service,
         forwarding: bool = False,
         json_validation: bool = False,
+        limits: Limits | None = None,
     ) -> BrokerCore:
-        core = BrokerCore(Store(":memory:"), self.clock, Limits(), name)
+        core = BrokerCore(Store(":memory:"), self.clock, limits or Limits(), name)
         core.create(MessageType("Req"))
         core.create(MessageType("Reply"))
         core.create(MessageType("Json", "json" if json_validation else "none"))
@@ -69,44 +65,23 @@ class Network:
         if forwarding:
             core.configure(forwarding=True)
         self.cores[name] = core
+        self.couriers[name] = core.transport.courier(self.peers(name))
         return core
+
+    def peers(self, caller: str) -> InProcessPeers:
+        return InProcessPeers(caller, self)
 
     def close(self) -> None:
         for core in self.cores.values():
             core.store.close()
 
     def deliver(self, caller: str, callee: str, blob: bytes) -> bytes:
-        if callee in self.down or callee not in self.cores:
-            raise Unreachable(callee)
-        self.calls.append((caller, callee))
-        arrival = self.cores[callee].transport.arrive(blob)
-        replies = [pack_arrival(arrival)]
-        for hops, bundles in arrival.forwards:
-            replies.append(self._forward(callee, hops, bundles))
-        return merge_replies(replies)
+        """One call from `caller` to `callee`, answered by the callee's courier."""
+        return asyncio.run(self.peers(caller).deliver(callee, blob, 1.0))
 
-    def _forward(self, name: str, hops: list, bundles: list) -> bytes:
-        blob = msgpack.packb(bundles, use_bin_type=True)
-        why = "no next hop"
-        for hop in hops:
-            try:
-                return self.deliver(name, hop.broker, blob)
-            except Unreachable:
-                why = f"{name} could not forward to {hop.address} (Unreachable)"
-        return pack_arrival(Arrival(refused=[why]))
-
-    def send(self, core: BrokerCore, out: Outbound) -> None:
-        blob = out.blob()
-        why = "no next hop"
-        for hop in out.hops:
-            try:
-                reply = self.deliver(core.name, hop.broker, blob)
-            except Unreachable:
-                why = f"{hop.address} unreachable (Unreachable)"
-                continue
-            core.transport.acknowledged(out, reply)
-            return
-        core.transport.failed(out, why)
+    def send(self, core: BrokerCore, out: Outbound) -> bool:
+        """What the broker actor does with a dispatched batch: its courier sends it."""
+        return asyncio.run(self.couriers[core.name].send(out))
 
     def pump(self, rounds: int = 100) -> int:
         """Dispatch and deliver until nothing moves; returns how many batches were sent."""
@@ -1038,14 +1013,14 @@ def test_one_dialog_that_cannot_be_taken_does_not_hold_back_the_others(net, pair
     bad = begin(a, b"poisoned")
     good = begin(a, b"fine")
     bad_conv = conv_of(a, bad)
-    take_one = Transport._take
+    take_one = Receiver._take
 
     def failing(self, batch, bundle):  # fault injection: this dialog's arrival breaks
         if bundle[0] == bad_conv:
             raise RuntimeError("injected fault")
         return take_one(self, batch, bundle)
 
-    monkeypatch.setattr(Transport, "_take", failing)
+    monkeypatch.setattr(Receiver, "_take", failing)
     net.pump()
 
     assert [m.body for m in take(b, "TargetQ")] == [b"fine"]

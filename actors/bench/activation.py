@@ -16,22 +16,19 @@ import time
 import uuid
 from collections.abc import Callable
 
-import ray
-
-from actors import Begin, Queue, Send, Service, start_broker
-from actors.catalog import Activation
-from actors.core import BrokerCore
-from actors.remote.client import Broker
-from actors.remote.runtime import ensure_ray
-from actors.store import Store
-
-from .local import _raw_sqlite, _receive_all
+from .. import Begin, Queue, Send, Service, start_broker
+from ..catalog import Activation
+from ..core import BrokerCore
+from ..remote.client import Broker
+from ..remote.runtime import ensure_ray
+from ..store import Store
+from .local import raw_sqlite, receive_all
 from .report import Report, Row, percentile
 
 Progress = Callable[[str], None]
 REPEATS = 3  # throughput figures are the median of this many runs
-DISCARD = "benchmarks.handlers:discard"
-STAMP = "benchmarks.handlers:stamp_first_call"
+DISCARD = "actors.handlers:discard"
+STAMP = "actors.handlers:stamp_first_call"
 
 
 def run(
@@ -68,15 +65,15 @@ def run(
             for _ in range(REPEATS):
                 _fill(b, handles, messages, batch)
                 t0 = time.perf_counter()
-                asyncio.run(_receive_all(b, messages, max_groups, readers=2, queue="WorkQueue"))
+                asyncio.run(receive_all(b, messages, max_groups, readers=2, queue="WorkQueue"))
                 rates.append(messages / (time.perf_counter() - t0))
             client_rate = statistics.median(rates)
         finally:
-            ray.kill(b.actor, no_restart=True)
+            b.stop()
         core_rate = _core_loop(
             os.path.join(tmp, "core.sqlite"), messages, dialogs, batch, max_groups
         )
-        raw = _raw_sqlite(
+        raw = raw_sqlite(
             os.path.join(tmp, "raw.sqlite"), messages, dialogs, batch, b"x" * 100, max_groups
         )[2]
         variants = [("pool", 1), ("pool", 2), ("pool", 4), ("internal", 1)]
@@ -95,7 +92,7 @@ def run(
                 rate = _drain(b, act, messages, dialogs, batch)
                 lat, cold = _first_call_latency(b, placement, trials) if readers == 1 else ([], 0)
             finally:
-                ray.kill(b.actor, no_restart=True)
+                b.stop()
             notes = (
                 f"{rate / core_rate:.2f}x in-process core, {rate / client_rate:.2f}x client loop"
             )

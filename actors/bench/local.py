@@ -16,11 +16,10 @@ from collections.abc import Callable
 
 import psutil
 
-from actors import Begin, Queue, Send, Service, start_broker
-from actors.remote.client import Broker
-from actors.remote.runtime import ensure_ray
-from actors.store import SCHEMA
-
+from .. import Begin, Queue, Send, Service, start_broker
+from ..remote.client import Broker
+from ..remote.runtime import ensure_ray
+from ..store import SCHEMA
 from .report import Report, Row, percentile
 
 Progress = Callable[[str], None]
@@ -91,11 +90,9 @@ def run(
             report.rows.append(Row("raybroker", "send only", send_rate))
             report.rows.append(Row("raybroker", "receive+commit only", recv_rate))
         finally:
-            import ray
-
-            ray.kill(broker.actor, no_restart=True)
+            broker.stop()
         progress("raw-sqlite: the same rows, inserted, selected by group, deleted")
-        raw = _raw_sqlite(
+        raw = raw_sqlite(
             os.path.join(tmp, "raw.sqlite"), messages, dialogs, batch, body, max_groups
         )
         report.rows += raw
@@ -128,7 +125,7 @@ class _Cpu:
         return (self._now() - self.start) / (messages / 1000)
 
 
-async def _send_all(
+async def send_all(
     broker: Broker, handles: list[str], messages: int, batch: int, body: bytes, inflight: int
 ) -> None:
     gate = asyncio.Semaphore(inflight)
@@ -141,7 +138,7 @@ async def _send_all(
     await asyncio.gather(*(one(i) for i in range(messages // batch)))
 
 
-async def _receive_all(
+async def receive_all(
     broker: Broker, messages: int, max_groups: int, readers: int, queue: str = "TargetQueue"
 ) -> None:
     done = 0
@@ -164,8 +161,8 @@ async def _pipelined(broker, handles, messages, batch, body, max_groups, readers
     cpu = _Cpu(broker)
     t0 = time.perf_counter()
     await asyncio.gather(
-        _send_all(broker, handles, messages, batch, body, inflight),
-        _receive_all(broker, messages, max_groups, readers),
+        send_all(broker, handles, messages, batch, body, inflight),
+        receive_all(broker, messages, max_groups, readers),
     )
     elapsed = time.perf_counter() - t0
     per_1k = cpu.per_1k(messages)
@@ -176,14 +173,14 @@ async def _pipelined(broker, handles, messages, batch, body, max_groups, readers
 
 async def _phases(broker, handles, messages, batch, body, max_groups, readers, inflight):
     t0 = time.perf_counter()
-    await _send_all(broker, handles, messages, batch, body, inflight)
+    await send_all(broker, handles, messages, batch, body, inflight)
     t1 = time.perf_counter()
-    await _receive_all(broker, messages, max_groups, readers)
+    await receive_all(broker, messages, max_groups, readers)
     t2 = time.perf_counter()
     return messages / (t1 - t0), messages / (t2 - t1)
 
 
-def _raw_sqlite(
+def raw_sqlite(
     path: str, messages: int, dialogs: int, batch: int, body: bytes, max_groups: int
 ) -> list[Row]:
     """Plain sqlite3, same table, index, durability and batch sizes; no broker logic."""

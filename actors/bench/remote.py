@@ -15,13 +15,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-import ray
-
-from actors import Begin, Queue, Service, start_broker
-from actors.remote.client import Broker
-from actors.remote.runtime import ensure_ray
-
-from .local import _receive_all, _send_all
+from .. import Begin, Queue, Service, start_broker
+from ..remote.client import Broker
+from ..remote.runtime import ensure_ray
+from .local import receive_all, send_all
 from .report import Report, Row, percentile
 
 Progress = Callable[[str], None]
@@ -59,7 +56,7 @@ def run(
             lat_local = _round_trips(a, "LocalEcho", round_trips)
         finally:
             for broker in (a, b):
-                ray.kill(broker.actor, no_restart=True)
+                broker.stop()
     report.rows += [
         Row(
             "raybroker",
@@ -106,8 +103,8 @@ def _throughput(
 
     async def both() -> None:
         await asyncio.gather(
-            _send_all(a, handles, messages, batch, body, inflight=4),
-            _receive_all(b, messages, max_groups=16, readers=1, queue="WorkQueue"),
+            send_all(a, handles, messages, batch, body, inflight=4),
+            receive_all(b, messages, max_groups=16, readers=1, queue="WorkQueue"),
         )
 
     t0 = time.perf_counter()

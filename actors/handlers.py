@@ -1,12 +1,13 @@
-"""Handlers for activated queues used by benchmarks, the demo and tests: importable by path."""
+"""Sample activation handlers shipped with raybroker (used by the benchmarks, the priority
+topology and the tests); name them as `actors.handlers:<function>`."""
 
 from __future__ import annotations
 
 import json
 import time
 
-from actors.activation import HandlerContext
-from actors.envelope import ReceivedGroup
+from .activation import HandlerContext
+from .envelope import ReceivedGroup
 
 
 def count_in_order(group: ReceivedGroup, ctx: HandlerContext) -> None:

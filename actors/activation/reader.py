@@ -1,8 +1,8 @@
-"""Activation: how many readers a queue needs, and what one reader turn does with what it received.
+"""What one activated reader does: receive, run the handler on each group, settle the `Outcome`
+with the next receive, until idle or retired.
 
-Plain Python. The broker actor asks `readers_to_start` when messages arrive and on its clock; the
-reader loops (pool actors, or tasks inside the broker) call `run_handler` for each received group
-and settle the `Outcome` with their next receive.
+Plain Python. Pool reader actors and the broker's internal reader tasks both run
+`read_until_idle`; `run_handler` turns received groups into an `Outcome`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .catalog import Activation
-from .envelope import Begin, End, Op, ReceivedGroup, Send, Timer
-from .errors import (
+from ..catalog import Activation
+from ..envelope import Begin, End, Op, ReceivedGroup, Send, Timer
+from ..errors import (
     BrokerError,
     BrokerUnavailable,
     LockNotHeld,
@@ -28,22 +28,6 @@ from .errors import (
 log = logging.getLogger("raybroker")
 
 Handler = Callable[[ReceivedGroup, "HandlerContext"], Any]
-
-
-BACKLOG_TARGET_S = 2.0  # a backlog the readers would need longer than this to drain wants more
-
-
-def readers_to_start(
-    depth: int, last_depth: int, running: int, max_readers: int, drained_per_s: float = 0.0
-) -> int:
-    """How many readers to add now. One when messages wait and none reads; one more while the
-    queue keeps growing, or while its backlog would take the running readers more than
-    BACKLOG_TARGET_S to drain; up to `max_readers`. Readers leave on their own when idle."""
-    if depth <= 0 or running >= max_readers:
-        return 0
-    if running == 0 or depth > last_depth:
-        return 1
-    return 1 if depth > drained_per_s * BACKLOG_TARGET_S else 0
 
 
 class HandlerContext:

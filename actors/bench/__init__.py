@@ -1,0 +1,1 @@
+"""`raybroker bench` scenarios (local, activation, remote) and their report format."""

@@ -1,0 +1,178 @@
+"""Administration: the catalog (CREATE / ALTER / DROP of message types, contracts, queues and
+services), the two route tables, and broker settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..catalog import Definition, Queue, Service, kind_of, to_record
+from ..dialogs import State
+from ..errors import InUse, InvalidArgument
+from ..routing import Route, RouteTable
+from ..store import Store
+from .delivery import Delivery
+from .state import ROUTE_TABLES, BrokerState
+from .work import Changes, UnitOfWork
+
+
+class Admin:
+    def __init__(
+        self, state: BrokerState, store: Store, uow: UnitOfWork, delivery: Delivery
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.uow = uow
+        self.delivery = delivery
+
+    # --- the catalog -----------------------------------------------------------------------------
+
+    def create(self, defn: Definition, request_id: str | None = None) -> None:
+        """CREATE MESSAGE TYPE / CONTRACT / QUEUE / SERVICE."""
+        st = self.state
+        if isinstance(defn, Service) and isinstance(defn.contracts, list | set):
+            defn = Service(defn.name, defn.queue, tuple(defn.contracts))
+
+        def fn(w: Changes) -> None:
+            st.catalog.check_new(defn)
+            kind = kind_of(defn)
+            self.store.put_definition(kind, defn.name, to_record(defn))
+            st.catalog.add(defn)
+            w.undo.append(lambda: st.catalog.remove(kind, defn.name))
+            if isinstance(defn, Queue):
+                w.after.append(lambda: st.queue_index(defn.name))
+            if isinstance(defn, Service):
+                self.delivery.unpark_service(w, defn.name)
+
+        self.uow.run(fn, request_id)
+
+    def alter(
+        self, kind: str, name: str, changes: Mapping[str, Any], request_id: str | None = None
+    ) -> None:
+        """ALTER ...: change some fields of a definition (a queue's `enabled`, say)."""
+        st = self.state
+
+        def fn(w: Changes) -> None:
+            new = st.catalog.check_alter(kind, name, changes)
+            old = st.catalog.get(kind, name)
+            self.store.put_definition(kind, name, to_record(new))
+            st.catalog.add(new)
+            w.undo.append(lambda: st.catalog.add(old))
+            if isinstance(new, Queue) and new.enabled and not old.enabled:
+                w.event("QueueEnabled", name, "re-enabled")
+                w.after.append(lambda: (st.poison.reset(name), self.uow.notify(name)))
+            if isinstance(new, Queue) and old.enabled and not new.enabled:
+                w.event("QueueDisabled", name, "disabled by alter")
+            if isinstance(new, Service):
+                self.delivery.unpark_service(w, name)
+
+        self.uow.run(fn, request_id)
+
+    def drop(self, kind: str, name: str, request_id: str | None = None) -> None:
+        st = self.state
+
+        def fn(w: Changes) -> None:
+            st.catalog.check_drop(kind, name)
+            if kind == "service":
+                users = sum(
+                    1
+                    for ep in st.endpoints.values()
+                    if ep.service == name and ep.state is not State.CLOSED
+                )
+                if users:
+                    raise InUse(
+                        f"service {name!r} has {users} open conversation(s); end them first"
+                    )
+            if kind == "queue":
+                depth = st.queue_index(name).depth
+                if depth:
+                    raise InUse(f"queue {name!r} holds {depth} message(s); receive them first")
+            old = st.catalog.get(kind, name)
+            self.store.delete_definition(kind, name)
+            st.catalog.remove(kind, name)
+            w.undo.append(lambda: st.catalog.add(old))
+
+        self.uow.run(fn, request_id)
+
+    def definitions(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(kind_of(d), to_record(d)) for d in self.state.catalog.user_definitions()]
+
+    # --- routes ----------------------------------------------------------------------------------
+
+    def _save_routes(self, w: Changes, table: str, before: tuple[Route, ...]) -> None:
+        """Persist a whole table (they are small); on failure put the old one back."""
+        st, store = self.state, self.store
+        w.undo.append(lambda: st.routes.__setitem__(table, RouteTable(before)))
+        if store.get_meta("routes") is None:
+            store.set_meta("routes", "1")
+            for t in ROUTE_TABLES:
+                for r in st.routes[t].routes():
+                    store.put_route(t, r.name, r.to_record())
+        for r in before:
+            store.delete_route(table, r.name)
+        for r in st.routes[table].routes():
+            store.put_route(table, r.name, r.to_record())
+        store.retry_all_now()  # delayed dialogs may have a way now
+
+    def create_route(
+        self, table: str, record: Mapping[str, Any], request_id: str | None = None
+    ) -> list[str]:
+        """CREATE ROUTE in the broker's own table ("routes") or its instance table ("instance").
+        Returns warnings (seed 002's multiple-target-endpoints hazard)."""
+
+        def fn(w: Changes) -> list[str]:
+            t = self.state.route_table(table)
+            before = t.routes()
+            warnings = t.create(Route.from_record(dict(record)), w.now)
+            self._save_routes(w, table, before)
+            for text in warnings:
+                w.event("RouteWarning", record.get("name", "?"), text)
+            return warnings
+
+        return self.uow.run(fn, request_id)
+
+    def alter_route(
+        self, table: str, name: str, changes: Mapping[str, Any], request_id: str | None = None
+    ) -> list[str]:
+        def fn(w: Changes) -> list[str]:
+            t = self.state.route_table(table)
+            before = t.routes()
+            warnings = t.alter(name, w.now, **dict(changes))
+            self._save_routes(w, table, before)
+            return warnings
+
+        return self.uow.run(fn, request_id)
+
+    def drop_route(self, table: str, name: str, request_id: str | None = None) -> None:
+        def fn(w: Changes) -> None:
+            t = self.state.route_table(table)
+            before = t.routes()
+            t.drop(name)
+            self._save_routes(w, table, before)
+
+        self.uow.run(fn, request_id)
+
+    def routes_view(self, table: str = "routes") -> list[dict[str, Any]]:
+        return [r.to_record() for r in self.state.route_table(table).routes()]
+
+    # --- settings and events ---------------------------------------------------------------------
+
+    def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
+        """Broker settings: `forwarding` relays arriving messages by the instance routes."""
+        st = self.state
+        if forwarding is not None:
+            if not isinstance(forwarding, bool):
+                raise InvalidArgument("forwarding must be True or False")
+
+            def fn(w: Changes) -> None:
+                self.store.set_meta("forwarding", "1" if forwarding else "0")
+                old = st.forwarding
+                st.forwarding = forwarding
+                w.undo.append(lambda: setattr(st, "forwarding", old))
+
+            self.uow.run(fn)
+        return {"forwarding": st.forwarding, "broker_id": st.broker_id, "name": st.name}
+
+    def record_event(self, kind: str, subject: str, detail: str) -> None:
+        """An operator event from outside the verbs (a reader that could not start, say)."""
+        self.uow.run(lambda w: w.event(kind, subject, detail))

@@ -1,0 +1,173 @@
+"""Conversation verbs: BEGIN DIALOG, SEND, END CONVERSATION and BEGIN CONVERSATION TIMER,
+applied in order inside one unit of work (a batch, or a commit's operations)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from ..catalog import SYSTEM_TYPES, check_name
+from ..dialogs import State, check_send, plan_end
+from ..envelope import Begin, End, Op, Send, Timer
+from ..errors import (
+    BodyTooLarge,
+    ContractViolation,
+    ConversationNotFound,
+    GroupLocked,
+    InvalidArgument,
+)
+from ..store import Store
+from .delivery import Delivery
+from .state import BrokerState
+from .work import Changes
+
+
+class Conversations:
+    def __init__(self, state: BrokerState, store: Store, delivery: Delivery) -> None:
+        self.state = state
+        self.store = store
+        self.delivery = delivery
+
+    def apply_ops(self, w: Changes, ops: Sequence[Op], held: frozenset[int]) -> dict[str, Any]:
+        """Apply operations in order; `held`: the groups the caller holds locked (a commit)."""
+        handles: list[str] = []
+        sent = 0
+        for op in ops:
+            if isinstance(op, Send):
+                sent += self.send(w, op)
+            elif isinstance(op, Begin):
+                handles.append(self.begin(w, op))
+            elif isinstance(op, End):
+                self.end(w, op, held)
+            elif isinstance(op, Timer):
+                self.timer(w, op)
+            else:
+                raise InvalidArgument(f"{op!r} is not an operation; use Begin, Send, End or Timer")
+        return {"handles": handles, "sent": sent}
+
+    def begin(self, w: Changes, op: Begin) -> str:
+        st = self.state
+        svc = st.catalog.service(op.from_service)
+        contract = st.catalog.contract(op.contract)
+        check_name("service", op.to_service)
+        if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
+            raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
+        if op.lifetime is not None and (
+            not isinstance(op.lifetime, int | float) or op.lifetime <= 0
+        ):
+            raise InvalidArgument(
+                f"lifetime must be a positive number of seconds, not {op.lifetime!r}"
+            )
+        local_target = st.catalog.services.get(op.to_service)
+        if (
+            local_target is not None
+            and op.to_broker in (None, st.broker_id)
+            and contract.name not in local_target.contracts
+        ):
+            raise ContractViolation(
+                f"service {op.to_service!r} does not accept contract {contract.name!r}; add it "
+                f"to the service's contracts or begin the dialog with one of "
+                f"{list(local_target.contracts)}"
+            )
+        if op.related_conversation is not None:
+            group_no = st.endpoint(op.related_conversation).group_no
+        elif op.related_group is not None:
+            if not isinstance(op.related_group, str) or not op.related_group:
+                raise InvalidArgument("related_group must be a conversation group id string")
+            group_no = st.group_nos.get(op.related_group) or st.new_group(
+                w, svc.queue, op.related_group
+            )
+        else:
+            group_no = st.new_group(w, svc.queue)
+        group = st.groups[group_no]
+        if group.queue != svc.queue:
+            raise InvalidArgument(
+                f"conversation group {group.group_id} belongs to queue {group.queue!r}, but "
+                f"service {svc.name!r} uses queue {svc.queue!r}; a group holds dialogs of one "
+                "queue"
+            )
+        st.new_endpoint(
+            w,
+            handle=op.handle,
+            conversation_id=str(uuid.uuid4()),
+            is_initiator=True,
+            service=svc.name,
+            far_service=op.to_service,
+            contract=contract.name,
+            group_no=group_no,
+            expires_at=None if op.lifetime is None else w.now + op.lifetime,
+            far_broker=op.to_broker,
+        )
+        return op.handle
+
+    def send(self, w: Changes, op: Send) -> int:
+        st = self.state
+        mt = op.message_type
+        if mt in SYSTEM_TYPES:
+            raise InvalidArgument(
+                f"{mt!r} is a system message; use end_conversation or a conversation timer"
+            )
+        validator = st.catalog.validator(mt)
+        limit = st.limits.max_body_bytes
+        for body in op.bodies:
+            if not isinstance(body, bytes):
+                raise InvalidArgument(f"message bodies must be bytes, got {type(body).__name__}")
+        biggest = max(map(len, op.bodies), default=0)
+        if biggest > limit:
+            raise BodyTooLarge(
+                f"a {mt!r} body is {biggest:,} bytes; this broker's max_body_bytes is "
+                f"{limit:,}: split it or raise the limit"
+            )
+        if validator.kind != "none":
+            for body in op.bodies:
+                validator.check(body)
+        if not op.handles:
+            raise InvalidArgument("send needs at least one conversation handle")
+        for handle in op.handles:
+            ep = st.endpoint(handle)
+            check_send(ep, st.catalog.contract(ep.contract), mt)
+            self.delivery.transmit(w, ep, mt, op.bodies)
+        return len(op.handles) * len(op.bodies)
+
+    def end(self, w: Changes, op: End, held: frozenset[int]) -> None:
+        st, delivery = self.state, self.delivery
+        ep = st.endpoint(op.handle)
+        lock = st.locks.by_group.get(ep.group_no)
+        if lock is not None and ep.group_no not in held:
+            raise GroupLocked(
+                f"conversation {ep.handle} is in a group locked by receive {lock.lock_id}; end "
+                "it in that receive's commit, or after it"
+            )
+        delivery.remove_messages(w, ep)
+        if op.cleanup:
+            self.store.delete_endpoint_transmission(ep.no)
+            w.touch(ep)
+            ep.state = State.CLOSED
+            w.dead_endpoints.append(ep)
+            return
+        far = st.far(ep)
+        plan = plan_end(ep, op.error_code, op.description, far_exists=delivery.far_exists(ep, far))
+        if plan.notify is not None:
+            delivery.transmit(w, ep, plan.notify, [plan.body])
+        w.touch(ep)
+        ep.state = plan.new_state
+        if (
+            ep.state is State.DISCONNECTED_OUTBOUND
+            and far is not None
+            and far.state is State.CLOSED
+        ):
+            delivery.close(w, ep)  # the far side closed on our EndDialog (an Echo target does)
+        if ep.state is State.CLOSED:
+            delivery.close(w, ep)
+            if far is not None and far.state is State.DISCONNECTED_OUTBOUND:
+                delivery.close(w, far)  # both sides have ended
+
+    def timer(self, w: Changes, op: Timer) -> None:
+        ep = self.state.endpoint(op.handle)
+        if not isinstance(op.timeout, int | float) or op.timeout < 0:
+            raise InvalidArgument(f"timer timeout must be >= 0 seconds, not {op.timeout!r}")
+        if ep.state is State.CLOSED:
+            raise ConversationNotFound(op.handle)
+        w.touch(ep)
+        ep.timer_at = w.now + op.timeout if op.timeout > 0 else None

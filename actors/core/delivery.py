@@ -1,0 +1,273 @@
+"""Delivery: how messages move from one endpoint to the other on this broker, or into the
+transmission queue when the far side is elsewhere (or not reachable yet).
+
+`transmit` is the one path a message takes out of an endpoint; `deliver` the one path into one;
+`post_error` the one way the broker puts an Error on an endpoint.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+
+from ..catalog import ECHO, ECHO_CONTRACT, ERROR, Service
+from ..dialogs import (
+    CONTRACT_NOT_ACCEPTED,
+    CONVERSATION_CLEANED_UP,
+    Endpoint,
+    State,
+    after_send,
+    error_body,
+    on_arrival,
+)
+from ..errors import ContractViolation
+from ..readcache import ROW_OVERHEAD
+from ..routing import Hop, Match, next_hops
+from ..store import Store
+from .state import BrokerState
+from .work import Arrived, Changes, Removed
+
+
+class Delivery:
+    def __init__(self, state: BrokerState, store: Store) -> None:
+        self.state = state
+        self.store = store
+
+    # --- routing decisions ---------------------------------------------------------------------
+
+    def next_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
+        """Where the broker's own routes send `ep`'s messages: the match and its next hops."""
+        st = self.state
+        return next_hops(
+            st.routes["routes"],
+            ep.far_service,
+            ep.far_broker,
+            ep.conversation_id,
+            now,
+            local_broker_id=st.broker_id,
+            local_name=st.name,
+            service_is_local=st.serves_here(ep),
+        )
+
+    def routes_here(self, ep: Endpoint, now: float) -> bool:
+        """Whether the broker's own routes deliver `ep`'s dialog on this broker (LOCAL first)."""
+        hops = self.next_hops(ep, now)[1]
+        return bool(hops) and hops[0].rank == "local"
+
+    # --- out of an endpoint ----------------------------------------------------------------------
+
+    def transmit(self, w: Changes, ep: Endpoint, mt: str, bodies: Sequence[bytes]) -> None:
+        """Send a run of messages from `ep` to its far side (the checks are the caller's)."""
+        st = self.state
+        w.touch(ep)
+        first_seq = ep.send_seq
+        ep.send_seq += len(bodies)
+        after_send(ep)
+        far = st.far(ep)
+        if (
+            far is None
+            and ep.no not in st.parked
+            and ep.is_initiator
+            and first_seq == 0
+            and self.routes_here(ep, w.now)
+        ):
+            far = self.create_target(w, ep)
+        if far is None and (ep.no in st.parked or ep.far_broker != st.broker_id):
+            # not here (yet): the transmission queue routes it, in order
+            self.park(w, ep, mt, bodies, first_seq)
+        elif far is None:
+            self.far_gone(w, ep)  # the far endpoint was cleaned up
+        else:
+            self.deliver(w, far, mt, bodies, first_seq)
+
+    def far_gone(self, w: Changes, ep: Endpoint) -> None:
+        """Tell this side its far endpoint no longer exists, as the far broker would."""
+        self.post_error(
+            w, ep, CONVERSATION_CLEANED_UP, "the far endpoint of this conversation no longer exists"
+        )
+
+    def create_target(self, w: Changes, ep: Endpoint) -> Endpoint | None:
+        """The target endpoint of a dialog begun here for a service here, on its first message."""
+        st = self.state
+        svc = st.catalog.services.get(ep.far_service)
+        if svc is None or ep.far_broker not in (None, st.broker_id):
+            return None
+        if ep.contract not in svc.contracts:
+            raise ContractViolation(
+                f"service {svc.name!r} does not accept contract {ep.contract!r} (its contracts "
+                f"changed after the dialog began); end conversation {ep.handle}"
+            )
+        w.touch(ep)
+        ep.far_broker = st.broker_id  # pinned: the far endpoint lives here
+        return self.new_target(
+            w, ep.conversation_id, svc, ep.service, ep.contract, ep.expires_at, st.broker_id
+        )
+
+    def new_target(
+        self,
+        w: Changes,
+        conversation_id: str,
+        svc: Service,
+        far_service: str,
+        contract: str,
+        expires_at: float | None,
+        far_broker: str,
+    ) -> Endpoint:
+        """The target endpoint a dialog's first message creates, in a group of its own."""
+        st = self.state
+        return st.new_endpoint(
+            w,
+            handle=str(uuid.uuid4()),
+            conversation_id=conversation_id,
+            is_initiator=False,
+            service=svc.name,
+            far_service=far_service,
+            contract=contract,
+            group_no=st.new_group(w, svc.queue),
+            state=State.CONVERSING,
+            expires_at=expires_at,
+            far_broker=far_broker,
+        )
+
+    # --- the transmission queue ------------------------------------------------------------------
+
+    def park(self, w: Changes, ep: Endpoint, mt: str, bodies: Sequence[bytes], seq: int) -> None:
+        """Hold messages in the transmission queue until their target can be reached."""
+        st = self.state
+        here = st.serves_here(ep)
+        status = (
+            "waiting to be sent"
+            if not here or not self.routes_here(ep, w.now)
+            else f"waiting for service {ep.far_service!r}"
+        )
+        if not here and ep.far_service not in st.catalog.services:
+            status = (
+                f"target service {ep.far_service!r} is not on this broker; waiting to be routed "
+                "(see its routes)"
+            )
+        w.transmission += [
+            (ep.no, seq + i, mt, body, ep.far_service, ep.far_broker, status, w.now)
+            for i, body in enumerate(bodies)
+        ]
+        st.park(w, ep.no)
+
+    def unpark_service(self, w: Changes, service: str) -> None:
+        """A service appeared (or changed): deliver what waited for it here, in order."""
+        st = self.state
+        for ep_no in dict.fromkeys(r.endpoint_no for r in self.store.transmission_for(service)):
+            ep = st.endpoints.get(ep_no)
+            if ep is None:
+                self.store.delete_endpoint_transmission(ep_no)
+            elif self.routes_here(ep, w.now):
+                self.deliver_parked(w, ep)
+
+    def deliver_parked(self, w: Changes, ep: Endpoint) -> None:
+        """Deliver an endpoint's waiting transmission rows to its far side on this broker."""
+        st = self.state
+        rows = self.store.endpoint_transmission(ep.no)
+        st.unpark(w, ep.no)
+        self.store.delete_endpoint_transmission(ep.no)
+        far = st.far(ep)
+        if far is None and (not rows or rows[0].seq != 0 or not ep.is_initiator):
+            # the far endpoint was here and is gone (cleaned up): never start it mid-dialog
+            self.far_gone(w, ep)
+            return
+        if far is None:
+            svc = st.catalog.services.get(ep.far_service)
+            if svc is None or ep.contract not in svc.contracts:
+                self.post_error(
+                    w,
+                    ep,
+                    CONTRACT_NOT_ACCEPTED,
+                    f"service {ep.far_service!r} does not accept contract {ep.contract!r}",
+                )
+                return
+            far = self.create_target(w, ep)
+        for row in rows:
+            self.deliver(w, far, row.message_type, [row.body], row.seq)
+
+    def refresh_parked(self, w: Changes, ep_nos: Iterable[int]) -> list[int]:
+        """Endpoints whose transmission rows are all gone stop being parked (after commit);
+        returns them."""
+        done = [no for no in set(ep_nos) if not self.store.has_transmission(no)]
+        w.after.append(lambda: self.state.parked.difference_update(done))
+        return done
+
+    def far_exists(self, ep: Endpoint, far: Endpoint | None) -> bool:
+        """Whether this dialog has a far endpoint to tell: here, still on its way (messages in
+        the transmission queue), or on a broker that has answered (its id is pinned)."""
+        st = self.state
+        return far is not None or ep.no in st.parked or ep.far_broker not in (None, st.broker_id)
+
+    # --- into an endpoint ------------------------------------------------------------------------
+
+    def deliver(
+        self, w: Changes, far: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
+    ) -> None:
+        """Messages arrive at endpoint `far` (on this broker), in sequence."""
+        w.touch(far)
+        if first_seq < far.recv_seq:
+            return  # a resend of what already arrived: dropped (delivered once)
+        far.recv_seq = first_seq + len(bodies)
+        if far.state is State.CLOSED:
+            return
+        if _echoes(far, mt):
+            self.transmit(w, far, ECHO, bodies)
+            return
+        on_arrival(far, mt)
+        if far.state is State.CLOSED:
+            self.close(w, far)  # both sides have now ended: schedule its purge
+        if _echoes(far, None) and far.state is not State.CONVERSING:
+            # The broker answers Echo dialogs itself, so it also ends them itself.
+            self.close(w, far)
+            return
+        self.enqueue(w, far, mt, bodies, first_seq)
+
+    def enqueue(
+        self, w: Changes, ep: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
+    ) -> None:
+        first_id = self.state.message_ids(len(bodies))
+        now, g = w.now, ep.group_no
+        at = len(w.messages)
+        w.messages += [
+            (first_id + i, g, ep.no, first_seq + i, mt, body, 0, now, now)
+            for i, body in enumerate(bodies)
+        ]
+        nbytes = sum(map(len, bodies)) + ROW_OVERHEAD * len(bodies)
+        queue = self.state.groups[g].queue
+        w.arrivals.append(Arrived(queue, g, first_id, len(bodies), at, nbytes))
+
+    def enqueue_own(self, w: Changes, ep: Endpoint, mt: str, body: bytes) -> None:
+        """A message the broker itself puts on this endpoint's queue (a timer, say)."""
+        w.touch(ep)
+        self.enqueue(w, ep, mt, [body], -1)
+
+    def post_error(self, w: Changes, ep: Endpoint, code: int, description: str) -> None:
+        """Put an Error on this endpoint's queue, as if its far side sent it. A closed endpoint
+        has nobody to read it: nothing happens."""
+        if ep.state is State.CLOSED:
+            return
+        w.touch(ep)
+        on_arrival(ep, ERROR)
+        if ep.state is State.CLOSED:
+            self.close(w, ep)
+        self.enqueue(w, ep, ERROR, [error_body(code, description)], -1)
+
+    def close(self, w: Changes, ep: Endpoint) -> None:
+        w.touch(ep)
+        ep.state = State.CLOSED
+        ep.closed_at = w.now
+        ep.timer_at = None
+
+    def remove_messages(self, w: Changes, ep: Endpoint) -> None:
+        """Remove every message waiting on one endpoint (it ended)."""
+        st = self.state
+        st.cache.drop(ep.group_no)
+        n = self.store.delete_conversation_messages(ep.group_no, ep.no)
+        if n:
+            w.removals.append(Removed(st.groups[ep.group_no].queue, ep.group_no, n, False))
+
+
+def _echoes(ep: Endpoint, mt: str | None) -> bool:
+    """Whether the broker itself answers this endpoint (a target on the Echo contract)."""
+    return not ep.is_initiator and ep.contract == ECHO_CONTRACT and (mt is None or mt == ECHO)

@@ -1,0 +1,117 @@
+"""The broker as the transport sees it (`actors.transport.port.BrokerPort`): a narrow set of
+reads and of changes made inside the broker's unit of work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from ..catalog import Catalog
+from ..dialogs import Endpoint, State
+from ..limits import Limits
+from ..routing import Hop, Match, next_hops
+from ..store import Store
+from .delivery import Delivery
+from .state import BrokerState
+from .work import Changes, UnitOfWork
+
+T = TypeVar("T")
+
+
+class CorePort:
+    def __init__(
+        self, state: BrokerState, store: Store, uow: UnitOfWork, delivery: Delivery
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.uow = uow
+        self.delivery = delivery
+        self.name = state.name
+        self.broker_id = state.broker_id
+        self.limits: Limits = state.limits
+
+    @property
+    def forwarding(self) -> bool:
+        return self.state.forwarding
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.state.catalog
+
+    def now(self) -> float:
+        return self.uow.clock()
+
+    def transaction(self, fn: Callable[[Changes], T]) -> T:
+        return self.uow.run(fn)
+
+    def endpoint(self, no: int) -> Endpoint | None:
+        return self.state.endpoints.get(no)
+
+    def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None:
+        return self.state.conversations.get((conversation_id, is_initiator))
+
+    def has_waiting(self) -> bool:
+        return bool(self.state.parked)
+
+    def own_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
+        return self.delivery.next_hops(ep, now)
+
+    def instance_hops(
+        self, service: str, broker_id: str | None, conversation_id: str, now: float
+    ) -> tuple[Match, list[Hop]]:
+        st = self.state
+        here = broker_id in (None, st.broker_id) and service in st.catalog.services
+        return next_hops(
+            st.routes["instance"],
+            service,
+            broker_id,
+            conversation_id,
+            now,
+            local_broker_id=st.broker_id,
+            local_name=st.name,
+            service_is_local=here,
+        )
+
+    def open_target(
+        self,
+        w: Changes,
+        conversation_id: str,
+        service: str,
+        far_service: str,
+        contract: str,
+        expires_at: float | None,
+        far_broker: str,
+    ) -> Endpoint:
+        svc = self.state.catalog.service(service)
+        return self.delivery.new_target(
+            w, conversation_id, svc, far_service, contract, expires_at, far_broker
+        )
+
+    def deliver(
+        self, w: Changes, ep: Endpoint, message_type: str, bodies: Sequence[bytes], first_seq: int
+    ) -> None:
+        self.delivery.deliver(w, ep, message_type, bodies, first_seq)
+
+    def deliver_waiting(self, w: Changes, ep_no: int) -> None:
+        ep = self.state.endpoints.get(ep_no)
+        if ep is None:
+            self.store.delete_endpoint_transmission(ep_no)
+        else:
+            self.delivery.deliver_parked(w, ep)
+
+    def post_error(self, w: Changes, ep: Endpoint, code: int, description: str) -> None:
+        self.delivery.post_error(w, ep, code, description)
+
+    def pin(self, w: Changes, ep: Endpoint, broker_id: str) -> None:
+        w.touch(ep)
+        ep.far_broker = broker_id
+
+    def acknowledged(self, w: Changes, ep_nos: Iterable[int]) -> None:
+        for no in self.delivery.refresh_parked(w, ep_nos):
+            ep = self.state.endpoints[no]
+            # an EndDialog the far side has acknowledged closes this side (it already ended)
+            if ep.state is State.DISCONNECTED_OUTBOUND:
+                self.delivery.close(w, ep)
+
+    def record_event(self, w: Changes, kind: str, subject: str, detail: str) -> None:
+        w.event(kind, subject, detail)

@@ -1,0 +1,303 @@
+"""Receiving: RECEIVE, GET CONVERSATION GROUP, commit and rollback (settle), poison counting,
+and MOVE CONVERSATION. A receive only reads and locks (locks live in memory); the commit is the
+one write."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import audit
+from ..catalog import Queue, to_record
+from ..envelope import Op, ReceivedGroup
+from ..errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
+from ..locks import Lock
+from ..store import Store
+from .conversations import Conversations
+from .state import BrokerState
+from .work import Arrived, Changes, Removed, UnitOfWork
+
+
+class Receiving:
+    def __init__(
+        self, state: BrokerState, store: Store, uow: UnitOfWork, conversations: Conversations
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.uow = uow
+        self.conversations = conversations
+
+    def receive(
+        self,
+        queue: str,
+        *,
+        max_groups: int = 1,
+        top: int | None = None,
+        group_id: str | None = None,
+        handle: str | None = None,
+        lock_id: str | None = None,
+        owner: str | None = None,
+        lease_s: float | None = None,
+    ) -> list[ReceivedGroup]:
+        """RECEIVE [TOP (n)] from up to `max_groups` conversation groups, each locked on its own.
+        Returns [] when nothing is waiting (the runtime does the waiting)."""
+        if not isinstance(max_groups, int) or max_groups < 1:
+            raise InvalidArgument(f"max_groups must be an int >= 1, not {max_groups!r}")
+        if top is not None and (not isinstance(top, int) or top < 1):
+            raise InvalidArgument(f"top must be None or an int >= 1, not {top!r}")
+        if lease_s is not None and (not isinstance(lease_s, int | float) or lease_s <= 0):
+            raise InvalidArgument(f"lease_s must be > 0 seconds, not {lease_s!r}")
+        st = self.state
+        q = st.catalog.queue(queue)
+        if not q.enabled:
+            raise QueueDisabled(queue)
+        idx = st.queue_index(queue)
+        now = self.uow.clock()
+        if lock_id is not None:
+            lock = self.held([lock_id])[0]
+            if lock.queue != queue:
+                raise InvalidArgument(f"lock {lock_id} is on queue {lock.queue!r}, not {queue!r}")
+            rows = st.cache.take(lock.group, lock.count, top)
+            if rows is None:
+                rows = self.store.fetch_group(lock.group, top, lock.last_id)
+            return [self._take(lock, rows)]
+        target = self._target_group(queue, group_id, handle)
+        out: list[ReceivedGroup] = []
+        while len(out) < max_groups:
+            if target is not None:
+                key = idx.take(target)
+                if key is None:
+                    break
+                g = target
+            else:
+                popped = idx.pop_ready()
+                if popped is None:
+                    break
+                key, g = popped
+            rows = st.cache.take(g, 0, top)
+            if rows is None:
+                rows = self.store.fetch_group(g, top)
+            if not rows:  # the index was ahead of the store; it is now corrected
+                idx.remove(g, idx.pending.get(g, 0))
+                continue
+            lock = st.locks.acquire(g, queue, owner, now, lease_s, key, rows[0][0], 0, 0)
+            out.append(self._take(lock, rows))
+            if target is not None:
+                break
+        return out
+
+    def _target_group(self, queue: str, group_id: str | None, handle: str | None) -> int | None:
+        st = self.state
+        if handle is not None:
+            g = st.endpoint(handle).group_no
+        elif group_id is not None:
+            g = st.group_no(group_id)
+        else:
+            return None
+        if st.groups[g].queue != queue:
+            raise InvalidArgument(
+                f"conversation group {st.groups[g].group_id} is on queue "
+                f"{st.groups[g].queue!r}, not {queue!r}"
+            )
+        return g
+
+    def _take(self, lock: Lock, rows: list[tuple[Any, ...]]) -> ReceivedGroup:
+        """Put received rows under `lock` and shape them for the caller."""
+        if rows:
+            if lock.count == 0:
+                lock.first_id = rows[0][0]
+            lock.last_id = rows[-1][0]
+            lock.count += len(rows)
+            lock.audit.append(rows)
+        eps = self.state.endpoints
+        infos = {}
+        for no in {r[1] for r in rows}:
+            ep = eps[no]
+            infos[no] = (ep.handle, ep.conversation_id, ep.service, ep.far_service, ep.contract)
+        g = self.state.groups[lock.group]
+        return ReceivedGroup(g.group_id, lock.lock_id, self.store.group_state(g.no), infos, rows)
+
+    def held(self, lock_ids: Iterable[str]) -> list[Lock]:
+        locks, missing = [], []
+        for lid in lock_ids:
+            lock = self.state.locks.get(lid) if isinstance(lid, str) else None
+            (locks if lock else missing).append(lock or lid)
+        if missing:
+            raise LockNotHeld(
+                f"lock(s) {', '.join(map(str, missing))} are not held (committed, rolled back, "
+                "expired or lost in a broker restart); nothing was applied: receive again"
+            )
+        return locks
+
+    def get_conversation_group(
+        self, queue: str, owner: str | None = None, lease_s: float | None = None
+    ) -> tuple[str, str] | None:
+        """GET CONVERSATION GROUP: lock the next group with waiting messages without taking
+        any; returns (group_id, lock_id), or None. Receive from it with `lock_id=`."""
+        st = self.state
+        q = st.catalog.queue(queue)
+        if not q.enabled:
+            raise QueueDisabled(queue)
+        popped = st.queue_index(queue).pop_ready()
+        if popped is None:
+            return None
+        key, g = popped
+        lock = st.locks.acquire(g, queue, owner, self.uow.clock(), lease_s, key, 0, 0, 0)
+        return st.groups[g].group_id, lock.lock_id
+
+    def settle(
+        self,
+        commit: Sequence[str] = (),
+        rollback: Sequence[str] = (),
+        ops: Sequence[Op] = (),
+        states: Mapping[str, bytes | None] | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Commit some received groups and roll back others, in one call.
+
+        Committing removes the received messages (or marks them, with retention), applies `ops`
+        (sends, ends, begins, timers made while holding the locks) and writes each group's state,
+        all in one transaction. Rolling back returns the messages to the queue."""
+        if request_id is not None and self.uow.done(request_id) is not None:
+            return self.uow.run(lambda w: None, request_id)  # already applied: same answer
+        st = self.state
+        named = [*commit, *rollback]
+        if len(set(named)) != len(named):
+            twice = sorted({x for x in named if named.count(x) > 1})
+            raise InvalidArgument(f"lock(s) {twice} are named more than once in one settle")
+        committing = self.held(commit)
+        rolling = self.held(rollback)
+        by_gid = {st.groups[lk.group].group_id: lk for lk in committing}
+        states = dict(states or {})
+        for gid in states:
+            if gid not in by_gid:
+                raise LockNotHeld(
+                    f"state for conversation group {gid!r} needs that group's lock in `commit`"
+                )
+            if states[gid] is not None and not isinstance(states[gid], bytes):
+                raise InvalidArgument("group state must be bytes or None")
+
+        def fn(w: Changes) -> dict[str, Any]:
+            records = []
+            for lk in committing:
+                retain = st.catalog.queue(lk.queue).retention
+                if lk.count:
+                    self.store.remove_received(lk.group, lk.first_id, lk.last_id, retain)
+                    w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
+                    records.append(self._audit_group(lk, w.now))
+            held = frozenset(lk.group for lk in committing)
+            result = self.conversations.apply_ops(w, ops, held)
+            if states:
+                self.store.set_group_states((s, by_gid[g].group) for g, s in states.items())
+            if records:
+                self.store.insert_audit(w.now, audit.pack(records))
+            w.after.append(lambda: self._release(committing, committed=True))
+            return {**result, "committed": sum(lk.count for lk in committing)}
+
+        result = self.uow.run(fn, request_id)
+        self.rollback(rolling, "rolled back")
+        return result
+
+    def _audit_group(self, lk: Lock, now: float) -> list[Any]:
+        """One committed group's delivery records, as columns (cheap to build and to store)."""
+        st = self.state
+        rows = lk.audit[0] if len(lk.audit) == 1 else [r for chunk in lk.audit for r in chunk]
+        senders = {}
+        for no in {r[1] for r in rows}:
+            ep = st.endpoints[no]
+            local = ep.far_broker in (None, st.broker_id)
+            senders[no] = (
+                ep.conversation_id,
+                not ep.is_initiator,  # sent by the initiator?
+                ep.far_service,
+                ep.service,
+                ep.far_broker or st.broker_id,
+                0 if local else None,
+            )
+        return audit.encode_group(st.broker_id, lk.queue, lk.received_at, now, senders, rows)
+
+    def _release(self, locks: Sequence[Lock], committed: bool) -> None:
+        st = self.state
+        for lk in locks:
+            st.locks.release(lk)
+            idx = st.queue_index(lk.queue)
+            if committed:
+                st.poison.committed(lk.queue)
+                idx.make_ready(lk.group, lk.last_id + 1)
+            else:
+                idx.make_ready(lk.group, lk.ready_key)
+            self.uow.notify(lk.queue)
+
+    def rollback(self, locks: Sequence[Lock], why: str) -> None:
+        """Return locked groups' messages to their queues; count rollbacks toward poison."""
+        if not locks:
+            return
+        self._release(locks, committed=False)
+        for lk in locks:
+            q = self.state.catalog.queues.get(lk.queue)
+            if q is None or not q.enabled:
+                continue
+            if self.state.poison.rolled_back(q.name, q.poison_limit):
+                self._disable_poisoned(q, why)
+
+    def _disable_poisoned(self, q: Queue, why: str) -> None:
+        st = self.state
+        n = st.poison.count(q.name)
+        detail = (
+            f"{n} receives in a row were {why} (poison_limit={q.poison_limit}); "
+            "a message on it cannot be processed"
+        )
+
+        def fn(w: Changes) -> None:
+            new = dataclasses.replace(q, enabled=False)
+            self.store.put_definition("queue", q.name, to_record(new))
+            st.catalog.add(new)
+            w.undo.append(lambda: st.catalog.add(q))
+            w.event("QueueDisabled", q.name, detail)
+
+        self.uow.run(fn)
+
+    def release_owner(self, owner: str) -> int:
+        """The holder `owner` died: roll back every lock it held. Returns how many."""
+        locks = self.state.locks.held_by(owner)
+        self.rollback(locks, "abandoned by a reader that died")
+        return len(locks)
+
+    def move_conversation(self, handle: str, group_id: str) -> None:
+        """MOVE CONVERSATION to another group of the same queue. Neither group may be locked."""
+        st = self.state
+        ep = st.endpoint(handle)
+        new = st.group_no(group_id)
+        old = ep.group_no
+        if st.groups[new].queue != st.groups[old].queue:
+            raise InvalidArgument(
+                f"group {group_id} is on queue {st.groups[new].queue!r}; conversation "
+                f"{handle} is on {st.groups[old].queue!r}: a group holds one queue's dialogs"
+            )
+        for g in (old, new):
+            if st.locks.is_locked(g):
+                raise GroupLocked(
+                    f"conversation group {st.groups[g].group_id} is locked by a receive; "
+                    "move the conversation after it commits or rolls back"
+                )
+        if old == new:
+            return
+
+        def move_member(frm: int, to: int) -> None:
+            st.groups[frm].members -= 1
+            st.groups[to].members += 1
+
+        def fn(w: Changes) -> None:
+            ids = self.store.move_messages(ep.no, old, new)
+            w.touch(ep)
+            ep.group_no = new
+            move_member(old, new)
+            w.undo.append(lambda: move_member(new, old))
+            if ids:
+                queue = st.groups[old].queue
+                w.removals.append(Removed(queue, old, len(ids), False))
+                w.arrivals.append(Arrived(queue, new, ids[0], len(ids), -1, 0))
+            st.cache.drop(old)
+
+        self.uow.run(fn)

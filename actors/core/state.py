@@ -1,0 +1,193 @@
+"""The broker's state: what one broker holds in memory, loaded from its store.
+
+Endpoints (by number, handle and conversation), conversation groups, each queue's index of
+waiting groups, dialogs parked in the transmission queue, timers, locks, poison counts, the read
+cache, the route tables and the next free keys. Other modules read it freely; it changes only
+inside a unit of work (`actors.core.work`), which can undo what a failed verb did.
+"""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ..catalog import Catalog, from_record
+from ..dialogs import Endpoint, State
+from ..errors import ConversationNotFound, InvalidArgument
+from ..limits import Limits
+from ..locks import LockTable, QueueIndex
+from ..poison import PoisonCounter
+from ..readcache import ReadCache
+from ..routing import Route, RouteTable
+from ..store import Store
+from .work import Changes
+
+ROUTE_TABLES = ("routes", "instance")  # the broker's own routes; its instance routes
+
+
+@dataclass
+class Group:
+    no: int
+    group_id: str
+    queue: str
+    members: int = 0  # endpoints in the group
+
+
+class Due(NamedTuple):
+    """A timer entry: at `at`, endpoint `endpoint_no` has a `kind` event due."""
+
+    at: float
+    endpoint_no: int
+    kind: str  # "timer", "lifetime", "purge" or "purge-retry"
+
+
+class BrokerState:
+    """Everything one broker keeps in memory, rebuilt from its store on start."""
+
+    def __init__(self, store: Store, limits: Limits, name: str) -> None:
+        self.name = name  # the broker's name: what "ray://<name>" addresses
+        self.limits = limits
+        self.broker_id = store.broker_id
+        self.catalog = Catalog()
+        for kind, rec in store.load_catalog():
+            self.catalog.add(from_record(kind, rec))
+        self.locks = LockTable(limits.lease_s)
+        self.poison = PoisonCounter()
+        self.cache = ReadCache(limits.read_cache_bytes)
+        self.groups: dict[int, Group] = {}
+        self.group_nos: dict[str, int] = {}  # group id -> number
+        for no, gid, queue in store.load_groups():
+            self.add_group(Group(no, gid, queue))
+        self.endpoints: dict[int, Endpoint] = {}
+        self.handles: dict[str, Endpoint] = {}
+        self.conversations: dict[tuple[str, bool], Endpoint] = {}  # (id, is_initiator)
+        self.timers: list[Due] = []
+        for row in store.load_endpoints():
+            ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:])
+            self.add_endpoint(ep)
+            self.schedule(ep)
+        self.queues: dict[str, QueueIndex] = {q: QueueIndex() for q in self.catalog.queues}
+        for g, count, first in store.waiting_by_group():
+            self.index_of(g).add(g, first, count, locked=False)
+        self.parked: set[int] = set(store.parked_endpoints())
+        ep_max, group_max, msg_max = store.max_keys()
+        self.next_endpoint, self.next_group, self.next_message = (
+            ep_max + 1,
+            group_max + 1,
+            msg_max + 1,
+        )
+        self.routes = {t: RouteTable() for t in ROUTE_TABLES}
+        if store.get_meta("routes") is not None:  # saved tables (AutoCreatedLocal may be dropped)
+            saved: dict[str, list[Route]] = {t: [] for t in ROUTE_TABLES}
+            for table, rec in store.load_routes():
+                saved[table].append(Route.from_record(rec))
+            self.routes = {t: RouteTable(saved[t]) for t in ROUTE_TABLES}
+        self.forwarding = store.get_meta("forwarding") == "1"
+
+    # --- lookups ---------------------------------------------------------------------------------
+
+    def endpoint(self, handle: str) -> Endpoint:
+        ep = self.handles.get(handle) if isinstance(handle, str) else None
+        if ep is None:
+            raise ConversationNotFound(handle)
+        return ep
+
+    def far(self, ep: Endpoint) -> Endpoint | None:
+        """The other side of `ep`'s dialog, when it is on this broker too."""
+        return self.conversations.get((ep.conversation_id, not ep.is_initiator))
+
+    def queue_index(self, queue: str) -> QueueIndex:
+        return self.queues.setdefault(queue, QueueIndex())
+
+    def index_of(self, group_no: int) -> QueueIndex:
+        return self.queue_index(self.groups[group_no].queue)
+
+    def group_no(self, group_id: Any) -> int:
+        no = self.group_nos.get(group_id) if isinstance(group_id, str) else None
+        if no is None:
+            raise InvalidArgument(f"no conversation group {group_id!r} on this broker")
+        return no
+
+    def serves_here(self, ep: Endpoint) -> bool:
+        """Whether `ep`'s far service could be delivered to on this broker."""
+        return ep.far_service in self.catalog.services and ep.far_broker in (None, self.broker_id)
+
+    def route_table(self, table: str) -> RouteTable:
+        if table not in self.routes:
+            raise InvalidArgument(
+                f"route table {table!r} does not exist; use one of {list(ROUTE_TABLES)}"
+            )
+        return self.routes[table]
+
+    # --- registering (callers record the change in their unit of work) ---------------------------
+
+    def add_group(self, g: Group) -> None:
+        self.groups[g.no] = g
+        self.group_nos[g.group_id] = g.no
+
+    def forget_group(self, no: int) -> None:
+        g = self.groups.pop(no, None)
+        if g is not None:
+            self.group_nos.pop(g.group_id, None)
+
+    def add_endpoint(self, ep: Endpoint) -> None:
+        self.endpoints[ep.no] = ep
+        self.handles[ep.handle] = ep
+        self.conversations[(ep.conversation_id, ep.is_initiator)] = ep
+        self.groups[ep.group_no].members += 1
+
+    def drop_endpoint(self, ep: Endpoint) -> None:
+        self.endpoints.pop(ep.no, None)
+        self.handles.pop(ep.handle, None)
+        self.conversations.pop((ep.conversation_id, ep.is_initiator), None)
+        g = self.groups.get(ep.group_no)
+        if g is not None:
+            g.members -= 1
+
+    def new_group(self, w: Changes, queue: str, group_id: str | None = None) -> int:
+        g = Group(self.next_group, group_id or str(uuid.uuid4()), queue)
+        self.next_group += 1
+        self.add_group(g)
+        w.new_groups.append(g)
+        return g.no
+
+    def new_endpoint(self, w: Changes, **fields: Any) -> Endpoint:
+        ep = Endpoint(no=self.next_endpoint, **fields)
+        self.next_endpoint += 1
+        self.add_endpoint(ep)
+        w.new_endpoints.append(ep)
+        w.new_nos.add(ep.no)
+        return ep
+
+    def message_ids(self, n: int) -> int:
+        """Allocate `n` queue positions; returns the first."""
+        first = self.next_message
+        self.next_message += n
+        return first
+
+    def park(self, w: Changes, ep_no: int) -> None:
+        if ep_no not in self.parked:
+            self.parked.add(ep_no)
+            w.undo.append(lambda: self.parked.discard(ep_no))
+
+    def unpark(self, w: Changes, ep_no: int) -> None:
+        if ep_no in self.parked:
+            self.parked.discard(ep_no)
+            w.undo.append(lambda: self.parked.add(ep_no))
+
+    # --- timers ----------------------------------------------------------------------------------
+
+    def schedule(self, ep: Endpoint) -> None:
+        for at, kind in ((ep.timer_at, "timer"), (ep.expires_at, "lifetime")):
+            if at is not None:
+                heapq.heappush(self.timers, Due(at, ep.no, kind))
+        if ep.closed_at is not None:
+            self.schedule_purge(ep.no, ep.closed_at + self.limits.closed_retention_s)
+
+    def schedule_purge(self, ep_no: int, at: float, kind: str = "purge") -> None:
+        heapq.heappush(self.timers, Due(at, ep_no, kind))
+
+    def next_due(self) -> float | None:
+        return self.timers[0].at if self.timers else None

@@ -1,0 +1,110 @@
+"""Time: conversation timers, dialog lifetimes, lock leases, purges of closed endpoints, and the
+pruning of bounded tables. `tick` fires whatever is due and says when to look again."""
+
+from __future__ import annotations
+
+import heapq
+
+from ..catalog import DIALOG_TIMER
+from ..dialogs import LIFETIME_EXPIRED, State
+from ..store import Store
+from .delivery import Delivery
+from .receiving import Receiving
+from .state import BrokerState, Due
+from .work import Changes, UnitOfWork
+
+LIVE = (State.STARTED_OUTBOUND, State.CONVERSING, State.DISCONNECTED_INBOUND)
+
+
+class Timers:
+    def __init__(
+        self,
+        state: BrokerState,
+        store: Store,
+        uow: UnitOfWork,
+        delivery: Delivery,
+        receiving: Receiving,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.uow = uow
+        self.delivery = delivery
+        self.receiving = receiving
+        self.next_prune = 0.0
+
+    def tick(self) -> float | None:
+        """Fire what is due: conversation timers, lifetime expiries, expired leases, purges.
+        Returns when something next falls due (None: nothing scheduled)."""
+        st = self.state
+        now = self.uow.clock()
+        due: list[Due] = []
+        while st.timers and st.timers[0].at <= now:
+            d = heapq.heappop(st.timers)
+            ep = st.endpoints.get(d.endpoint_no)
+            if ep is None:
+                continue
+            current = {
+                "timer": ep.timer_at,
+                "lifetime": ep.expires_at,
+                "purge": ep.closed_at and ep.closed_at + st.limits.closed_retention_s,
+            }
+            if d.kind == "purge-retry" or current[d.kind] == d.at:
+                due.append(d)
+        if due:
+            try:
+                self.uow.run(lambda w: self._fire(w, due))
+            except Exception:
+                for d in due:  # not lost: they fire on a later tick
+                    heapq.heappush(st.timers, d)
+                raise
+        expired = st.locks.expired(now)
+        if expired:
+            self.receiving.rollback(expired, "abandoned when their lease ran out")
+        if now >= self.next_prune:
+            self.uow.run(self._prune)
+        nexts = [
+            t for t in (st.next_due(), st.locks.next_expiry(), self.next_prune) if t is not None
+        ]
+        return min(nexts) if nexts else None
+
+    def _fire(self, w: Changes, due: list[Due]) -> None:
+        st, delivery = self.state, self.delivery
+        purged: set[int] = set()
+        for d in due:
+            ep = st.endpoints[d.endpoint_no]
+            if d.kind == "timer" and ep.state is not State.CLOSED:
+                w.touch(ep)
+                ep.timer_at = None
+                delivery.enqueue_own(w, ep, DIALOG_TIMER, b"")
+            elif d.kind == "lifetime" and ep.state in LIVE:
+                w.touch(ep)
+                ep.expires_at = None
+                delivery.post_error(w, ep, LIFETIME_EXPIRED, "the dialog's lifetime ran out")
+                self.store.delete_endpoint_transmission(ep.no)  # nothing more goes out
+            elif d.kind.startswith("purge") and (
+                st.locks.is_locked(ep.group_no) or self.store.has_transmission(ep.no)
+            ):
+                # locked, or its last messages (an EndDialog, an Error) are still on their way
+                retry = w.now + st.limits.closed_retention_s
+                w.after.append(lambda no=ep.no, at=retry: st.schedule_purge(no, at, "purge-retry"))
+            elif d.kind in ("purge", "purge-retry"):
+                delivery.remove_messages(w, ep)
+                self.store.delete_endpoint_transmission(ep.no)
+                w.dead_endpoints.append(ep)
+                purged.add(ep.group_no)
+        empty = [
+            g
+            for g in purged
+            if st.groups[g].members == sum(1 for ep in w.dead_endpoints if ep.group_no == g)
+            and not st.index_of(g).pending.get(g)
+        ]
+        if empty:
+            self.store.delete_groups(empty)
+            w.after.append(lambda: [st.forget_group(g) for g in empty])
+
+    def _prune(self, w: Changes) -> None:
+        limits = self.state.limits
+        self.store.prune("audit", limits.audit_rows)
+        self.store.prune("events", limits.event_rows)
+        self.store.prune_requests(w.now - limits.request_retention_s)
+        self.next_prune = w.now + limits.prune_every_s

@@ -1,0 +1,184 @@
+"""The unit of work: the one place a verb's transaction opens.
+
+A verb runs as `UnitOfWork.run(fn)`: `fn` plans its changes into a `Changes` while one store
+transaction is open. Endpoints it touches are snapshotted first, so a verb that fails (a bad
+argument, a store error) leaves memory and store exactly as they were. Changes to the in-memory
+indexes (ready groups, locks, timers, the read cache) are applied only after the commit. A call
+that carries a request id is recorded with its result, so a retry answers the same and applies
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+import msgpack
+
+from ..dialogs import Endpoint
+from ..errors import InvalidArgument
+from ..store import Store
+
+if TYPE_CHECKING:
+    from .state import BrokerState, Group
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class Arrived(NamedTuple):
+    """Messages committed to a group: where they start, how many, and where their rows are in
+    `Changes.messages` (-1: not there, e.g. moved from another group)."""
+
+    queue: str
+    group: int
+    first_id: int
+    count: int
+    at: int
+    nbytes: int
+
+
+class Removed(NamedTuple):
+    """Messages taken off a group; `oldest`: they were its oldest waiting ones (a commit)."""
+
+    queue: str
+    group: int
+    count: int
+    oldest: bool
+
+
+class Event(NamedTuple):
+    at: float
+    kind: str
+    subject: str
+    detail: str
+
+
+@dataclass
+class Changes:
+    """What one verb changes, gathered while its transaction is open."""
+
+    now: float
+    messages: list[tuple[Any, ...]] = field(default_factory=list)  # store.insert_messages rows
+    arrivals: list[Arrived] = field(default_factory=list)
+    removals: list[Removed] = field(default_factory=list)
+    transmission: list[tuple[Any, ...]] = field(default_factory=list)
+    touched: dict[int, Endpoint] = field(default_factory=dict)  # no -> snapshot before change
+    new_endpoints: list[Endpoint] = field(default_factory=list)
+    new_nos: set[int] = field(default_factory=set)  # their numbers, for touch
+    dead_endpoints: list[Endpoint] = field(default_factory=list)
+    new_groups: list[Group] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def touch(self, ep: Endpoint) -> Endpoint:
+        """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
+        if ep.no not in self.touched and ep.no not in self.new_nos:
+            self.touched[ep.no] = copy.copy(ep)
+        return ep
+
+    def event(self, kind: str, subject: str, detail: str) -> None:
+        """An operator event, written in this transaction and surfaced after it commits."""
+        self.events.append(Event(self.now, kind, subject, detail))
+
+
+class UnitOfWork:
+    """Runs verbs against one broker's state and store, each in one transaction."""
+
+    def __init__(self, state: BrokerState, store: Store, clock: Clock) -> None:
+        self.state = state
+        self.store = store
+        self.clock = clock
+        # Hooks the runtime sets: wake receivers waiting on a queue; surface an event.
+        self.notify: Callable[[str], None] = lambda queue: None
+        self.on_event: Callable[[str, str, str], None] = lambda kind, subject, detail: None
+
+    def run(self, fn: Callable[[Changes], T], request_id: str | None = None) -> T:
+        """Run `fn` in one transaction; on any error undo everything it did."""
+        if request_id is not None:
+            done = self.done(request_id)
+            if done is not None:  # a retry of a call that already committed
+                return msgpack.unpackb(done, raw=False, strict_map_key=False)
+        w = Changes(now=self.clock())
+        try:
+            with self.store.tx():
+                result = fn(w)
+                self._write(w)
+                if request_id is not None:
+                    self.store.put_request(request_id, w.now, msgpack.packb(result))
+        except BaseException:
+            self._undo(w)
+            raise
+        self._apply(w)
+        return result
+
+    def done(self, request_id: str) -> bytes | None:
+        """The recorded result of a call already applied under `request_id`, or None."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgument("request_id must be a non-empty string")
+        return self.store.request_result(request_id)
+
+    def _undo(self, w: Changes) -> None:
+        st = self.state
+        for no, snap in w.touched.items():
+            st.endpoints[no].__dict__.update(snap.__dict__)
+        for ep in w.new_endpoints:
+            st.drop_endpoint(ep)
+        for g in w.new_groups:
+            st.forget_group(g.no)
+        for undo in reversed(w.undo):
+            undo()
+
+    def _write(self, w: Changes) -> None:
+        st, store = self.state, self.store
+        if w.new_groups:
+            store.insert_groups((g.no, g.group_id, g.queue) for g in w.new_groups)
+        dead = {ep.no for ep in w.dead_endpoints}
+        changed = [ep for ep in w.new_endpoints if ep.no not in dead]
+        changed += [st.endpoints[no] for no in w.touched if no not in dead and no in st.endpoints]
+        if changed:
+            store.upsert_endpoints(ep.row() for ep in changed)
+        if dead:
+            store.delete_endpoints(dead)
+        if w.messages:
+            store.insert_messages(w.messages)
+        if w.transmission:
+            store.insert_transmission(w.transmission)
+        if w.events:
+            store.insert_events(w.events)
+
+    def _apply(self, w: Changes) -> None:
+        """After commit: bring the in-memory indexes up to date and wake receivers."""
+        st = self.state
+        woken: set[str] = set()
+        for r in w.removals:
+            st.queue_index(r.queue).remove(r.group, r.count)
+            if r.oldest:  # a commit took the group's oldest messages
+                st.cache.consumed(r.group, r.count)
+        for a in w.arrivals:
+            idx = st.queue_index(a.queue)
+            if a.at >= 0:
+                rows = w.messages[a.at : a.at + a.count]
+                st.cache.arrived(a.group, rows, a.nbytes, not idx.pending.get(a.group))
+            else:
+                st.cache.drop(a.group)
+            idx.add(a.group, a.first_id, a.count, locked=st.locks.is_locked(a.group))
+            woken.add(a.queue)
+        for ep in w.dead_endpoints:
+            st.drop_endpoint(ep)
+            st.parked.discard(ep.no)
+        for ep in w.new_endpoints:
+            st.schedule(ep)
+        for no, before in w.touched.items():
+            ep = st.endpoints.get(no)
+            if ep is not None and ep.due_times() != before.due_times():
+                st.schedule(ep)
+        for fn in w.after:
+            fn()
+        for e in w.events:
+            self.on_event(e.kind, e.subject, e.detail)
+        for queue in woken:
+            self.notify(queue)

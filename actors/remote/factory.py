@@ -1,0 +1,83 @@
+"""Starting a broker actor: the one place `ray.remote` is applied to `BrokerActor`, with the
+restart options that make a broker survive its process."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import ray
+
+from ..errors import InvalidArgument
+from .broker import BrokerActor
+from .client import DEFAULT_NAMESPACE, Broker
+
+
+def start_broker(
+    name: str,
+    path: str = ":memory:",
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    durability: str = "normal",
+    detached: bool = False,
+    get_if_exists: bool = True,
+    retry_s: float = 60.0,
+    max_body_bytes: int | None = None,
+    lease_s: float | None = None,
+    forward_buffer: int | None = None,
+    **actor_options: Any,
+) -> Broker:
+    """Start the broker actor `name` (or attach to it if it runs), with its store at `path`
+    (a SQLite file, or ":memory:" for a broker that forgets on restart). Ray restarts the actor
+    if its process dies; it reopens the store and carries on. `actor_options` go to Ray
+    (num_cpus, resources, scheduling_strategy, ...) for placement. Attaching to a running broker
+    with another path, durability or limits raises `InvalidArgument`."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("a broker needs a non-empty name")
+    if path == ":memory:":
+        warnings.warn(
+            f"broker {name!r} keeps its store in memory, but Ray restarts a broker whose process "
+            "dies and a restart empties it (catalog, dialogs, messages); give it a file path to "
+            "keep them",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    given = {"max_body_bytes": max_body_bytes, "lease_s": lease_s, "forward_buffer": forward_buffer}
+    limits = {k: v for k, v in given.items() if v is not None}
+    options = {"num_cpus": 0, "max_concurrency": 1000, **actor_options}
+    cls = ray.remote(BrokerActor).options(
+        name=name,
+        namespace=namespace,
+        max_restarts=-1,
+        max_task_retries=0,  # the client retries, with request ids, so nothing applies twice
+        lifetime="detached" if detached else None,
+        get_if_exists=get_if_exists,
+        **options,
+    )
+    broker = Broker(cls.remote(name, path, durability, limits, namespace), name, namespace, retry_s)
+    info = broker.info()  # surfaces a bad path or option now, not at first use
+    # an attached broker keeps what it was started with, so asking for other settings is an error
+    differs = _differences(info, path, durability, limits)
+    if differs:
+        raise InvalidArgument(
+            f"broker {name!r} already runs with other settings: {'; '.join(differs)}. "
+            "Start it with the same ones, or stop it first (stop_broker)"
+        )
+    return broker
+
+
+def _differences(
+    info: dict[str, Any], path: str, durability: str, limits: dict[str, Any]
+) -> list[str]:
+    out = []
+    if info["path"] != path:
+        out.append(f"path {path!r}, it runs on {info['path']!r}")
+    if info["durability"] != durability:
+        out.append(f"durability {durability!r}, it runs with {info['durability']!r}")
+    running = info["limits"]
+    for key in sorted(set(limits) | set(running)):
+        asked, has = limits.get(key), running.get(key)
+        if asked != has:
+            asked, has = ("the default" if v is None else repr(v) for v in (asked, has))
+            out.append(f"{key} {asked}, it runs with {has}")
+    return out

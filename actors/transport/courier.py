@@ -1,0 +1,87 @@
+"""The courier: carries batches to other brokers over `Peers`. It fails over from one next hop
+to the next, relays what this broker forwards (holding it in memory, bounded, until the next hop
+answers) and merges the answers. Plain async Python: the Ray layer gives it its `Peers`, unit
+tests give it in-process brokers."""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import PeerUnreachable
+from ..routing import Hop
+from .inbound import Arrival, Receiver
+from .outbound import Dispatcher, Outbound
+from .port import Peers
+from .wire import Bundle, merge_replies, pack_bundles, pack_reply, refuses_all
+
+log = logging.getLogger("raybroker")
+
+
+class Courier:
+    def __init__(self, dispatcher: Dispatcher, receiver: Receiver, peers: Peers) -> None:
+        self.dispatcher = dispatcher
+        self.receiver = receiver
+        self.peers = peers
+        self.port = dispatcher.port
+        self.relaying = 0  # messages held in memory while being relayed
+
+    async def send(self, out: Outbound) -> bool:
+        """Try the batch's next hops in order: a hop that is unreachable, or that answers
+        refusing the whole batch, passes it to the next (failover). True if a hop answered."""
+        limits = self.port.limits
+        try:
+            blob = out.blob()
+            why = "no next hop"
+            for n, hop in enumerate(out.hops):
+                try:
+                    reply = await self.peers.deliver(hop.broker or "", blob, limits.send_timeout_s)
+                except PeerUnreachable as exc:
+                    why = f"{hop.address} unreachable ({exc.reason})"
+                    continue
+                if n + 1 < len(out.hops) and refuses_all(reply):
+                    why = f"{hop.address} refused it"
+                    continue
+                self.dispatcher.acknowledged(out, reply)
+                return True
+            self.dispatcher.failed(out, why)
+        except Exception:
+            log.exception("broker %s: sending a batch failed; it is retried", self.port.name)
+            self.dispatcher.release(out)
+        return False
+
+    async def deliver(self, blob: bytes) -> bytes:
+        """Bundles from another broker: deliver here, relay onward, answer for all of them."""
+        arrival = self.receiver.arrive(blob)
+        replies = [pack_reply(arrival.acks, arrival.refused)]
+        for hops, bundles in arrival.forwards:
+            replies.append(await self.relay(hops, bundles))
+        return merge_replies(replies)
+
+    async def relay(self, hops: list[Hop], bundles: list[Bundle]) -> bytes:
+        """Relay bundles, holding them in memory (bounded) until the next hop answers; the
+        answer carries the owning broker's acknowledgements back to the sender."""
+        port = self.port
+        n = sum(len(b.seqs) for b in bundles)
+        if self.relaying + n > port.limits.forward_buffer:
+            return _refused(f"{port.name}: forwarding buffer full")
+        self.relaying += n
+        try:
+            blob = pack_bundles(bundles)
+            why = "no next hop"
+            for hop in hops:
+                try:
+                    return await self.peers.deliver(
+                        hop.broker or "", blob, port.limits.send_timeout_s
+                    )
+                except PeerUnreachable as exc:
+                    why = f"{port.name} could not forward to {hop.address} ({exc.reason})"
+            return _refused(why)
+        finally:
+            self.relaying -= n
+
+
+def _refused(why: str) -> bytes:
+    return pack_reply([], [why])
+
+
+__all__ = ["Arrival", "Courier"]

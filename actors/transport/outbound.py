@@ -1,0 +1,195 @@
+"""The sending side: dispatching the transmission queue in batches per list of next hops, and
+taking the far side's answer (acknowledgements, refusals, or nothing)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..dialogs import Endpoint
+from ..routing import Hop
+from ..store import Store, TransmissionRow
+from .port import BrokerPort, Work
+from .wire import Bundle, pack_bundles, unpack_reply
+
+log = logging.getLogger("raybroker")
+
+
+@dataclass
+class Outbound:
+    """A batch for one list of next hops (tried in order: failover)."""
+
+    hops: list[Hop]
+    bundles: list[Bundle] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # transmission row ids in this batch
+    endpoints: list[int] = field(default_factory=list)
+    seqs: list[tuple[int, int]] = field(default_factory=list)  # each row's (endpoint, seq)
+
+    def blob(self) -> bytes:
+        return pack_bundles(self.bundles)
+
+
+class Dispatcher:
+    """The transmission queue's dispatch, for one broker."""
+
+    def __init__(self, port: BrokerPort, store: Store) -> None:
+        self.port = port
+        self.store = store
+        self.inflight: set[int] = set()  # transmission rows being sent
+        self.inflight_eps: set[int] = set()  # their endpoints: one batch per dialog at a time
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything waits in the transmission queue."""
+        return self.port.has_waiting()
+
+    def dispatch(self) -> list[Outbound]:
+        """Route what is due in the transmission queue: local deliveries happen now; the rest
+        comes back as batches to send, grouped by their next hops."""
+        port, store, limits = self.port, self.store, self.port.limits
+        now = port.now()
+        rows = store.due_transmission(now, limits.dispatch_rows, self.inflight_eps)
+        if not rows:
+            return []
+        by_ep: dict[int, list[TransmissionRow]] = {}
+        for r in rows:
+            by_ep.setdefault(r.endpoint_no, []).append(r)
+        batches: dict[tuple[str, ...], Outbound] = {}
+        full: list[Outbound] = []
+        delays: list[tuple[str, float, int, int]] = []  # status, next attempt, attempts, row id
+        local: list[int] = []
+        for ep_no, ep_rows in by_ep.items():
+            ep = port.endpoint(ep_no)
+            if ep is None:
+                local.append(ep_no)  # orphans: the endpoint is gone; dropped below
+                continue
+            if ep_rows[0].seq != store.oldest_seq(ep_no):
+                continue  # older messages of this dialog are still backing off: keep the order
+            m, hops = port.own_hops(ep, now)
+            if hops and hops[0].rank == "local":
+                local.append(ep_no)
+                continue
+            if not hops:
+                why = (
+                    m.describe()
+                    if m.delayed
+                    else (
+                        f"no usable next hop for service {ep.far_service!r} ({m.describe()}); "
+                        "waiting for a route"
+                    )
+                )
+                delays += [
+                    (why, now + limits.backoff(r.attempts), r.attempts + 1, r.id) for r in ep_rows
+                ]
+                continue
+            key = tuple(h.address for h in hops)
+            out = batches.get(key)
+            if out is None or len(out.rows) >= limits.batch_rows:  # several calls in flight
+                if out is not None:
+                    full.append(out)
+                out = batches[key] = Outbound(hops)
+            out.bundles.append(self._bundle(ep, ep_rows))
+            out.rows += [r.id for r in ep_rows]
+            out.seqs += [(ep_no, r.seq) for r in ep_rows]
+            out.endpoints.append(ep_no)
+        if delays or local:
+            self._route_here(delays, local)
+        outs = [*full, *batches.values()]
+        for out in outs:
+            self.inflight.update(out.rows)
+            self.inflight_eps.update(out.endpoints)
+        return outs
+
+    def _route_here(self, delays: list[tuple[str, float, int, int]], local: list[int]) -> None:
+        """Deliver what turned out to be for this broker; note why the rest waits."""
+        port = self.port
+        try:
+            port.transaction(lambda w: self._settle_dispatch(w, delays, local))
+        except Exception:
+            log.exception("%s: routing waiting dialogs failed; retrying one by one", port.name)
+            for ep_no in local:  # one failing dialog must not stop the rest
+                try:
+                    port.transaction(lambda w, n=ep_no: self._settle_dispatch(w, [], [n]))
+                except Exception:
+                    log.exception("%s: dialog endpoint %d could not be delivered", port.name, ep_no)
+            port.transaction(lambda w: self._settle_dispatch(w, delays, []))
+
+    def _bundle(self, ep: Endpoint, rows: Sequence[TransmissionRow]) -> Bundle:
+        return Bundle(
+            ep.conversation_id,
+            ep.service,
+            ep.far_service,
+            ep.far_broker,
+            self.port.broker_id,
+            ep.is_initiator,
+            ep.contract,
+            ep.expires_at,
+            self.port.limits.hop_limit,
+            [r.seq for r in rows],
+            [r.message_type for r in rows],
+            [r.body for r in rows],
+            [r.enqueued_at for r in rows],
+        )
+
+    def _settle_dispatch(self, w: Work, delays: list, local_eps: list[int]) -> None:
+        if delays:
+            self.store.delay_transmission(delays)
+        for ep_no in local_eps:
+            self.port.deliver_waiting(w, ep_no)
+
+    def acknowledged(self, out: Outbound, reply: bytes) -> None:
+        """The far side answered a batch: drop what it acknowledged, pin the far broker id on the
+        first acknowledgement, turn refusals into Error messages; the rest is retried."""
+        answer = unpack_reply(reply)
+        port, store = self.port, self.store
+        self.release(out)
+
+        def fn(w: Work) -> None:
+            done: list[tuple[int, int, int]] = []
+            acked: set[int] = set()
+            for a in answer.acks:
+                ep = port.endpoint_of(a.conversation_id, a.from_initiator)
+                if ep is None:
+                    continue
+                acked.add(ep.no)
+                if ep.far_broker not in (None, a.owner):
+                    continue  # another broker answering a dialog pinned elsewhere: ignored
+                if ep.far_broker is None:
+                    port.pin(w, ep, a.owner)  # from now on only this broker is targeted
+                if a.code is not None:
+                    store.delete_endpoint_transmission(ep.no)
+                    port.post_error(w, ep, a.code, a.description)
+                    continue
+                done.append((ep.no, a.first_seq, a.last_seq))
+            store.delete_acknowledged(done)
+            covered: dict[int, list[tuple[int, int]]] = {}
+            for ep_no, first, last in done:
+                covered.setdefault(ep_no, []).append((first, last))
+            unacknowledged = [
+                row
+                for row, (ep_no, seq) in zip(out.rows, out.seqs, strict=True)
+                if not any(f <= seq <= la for f, la in covered.get(ep_no, ()))
+            ]
+            if unacknowledged:  # refused or out of sequence: counted as an attempt, backed off
+                why = "; ".join(answer.refused) or "sent, not acknowledged yet"
+                self._fail(unacknowledged, f"{out.hops[0].address}: {why}")
+            port.acknowledged(w, acked)
+
+        port.transaction(fn)
+
+    def failed(self, out: Outbound, why: str) -> None:
+        """No hop took the batch: keep every message, retry later with backoff."""
+        self.release(out)
+        self.port.transaction(lambda w: self._fail(out.rows, why))
+
+    def _fail(self, rows: Sequence[int], why: str) -> None:
+        limits = self.port.limits
+        self.store.fail_transmission(
+            rows, why, self.port.now(), limits.retry_min_s, limits.retry_max_s
+        )
+
+    def release(self, out: Outbound) -> None:
+        """Forget that a batch is in flight (its rows stay queued)."""
+        self.inflight.difference_update(out.rows)
+        self.inflight_eps.difference_update(out.endpoints)

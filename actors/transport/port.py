@@ -1,0 +1,101 @@
+"""The two boundaries of the transport, as protocols.
+
+`BrokerPort` is all the transport may know of its broker: read endpoints, the two route
+decisions, and a handful of changes made inside the broker's unit of work. `Peers` is how it
+reaches other brokers: Ray supplies one implementation (actors.remote.peers), the unit tests
+another (in-process brokers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ..catalog import Catalog
+from ..dialogs import Endpoint
+from ..limits import Limits
+from ..routing import Hop, Match
+
+T = TypeVar("T")
+Work = Any  # the broker's unit-of-work changes; opaque to the transport
+
+
+class BrokerPort(Protocol):
+    name: str
+    broker_id: str
+    limits: Limits
+
+    @property
+    def forwarding(self) -> bool: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    def now(self) -> float: ...
+
+    def transaction(self, fn: Callable[[Work], T]) -> T:
+        """Run `fn` in one of the broker's units of work (one store transaction)."""
+        ...
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def endpoint(self, no: int) -> Endpoint | None: ...
+
+    def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None: ...
+
+    def has_waiting(self) -> bool:
+        """Whether any dialog has messages in the transmission queue."""
+        ...
+
+    def own_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
+        """Route decision for a dialog begun here: the broker's own routes."""
+        ...
+
+    def instance_hops(
+        self, service: str, broker_id: str | None, conversation_id: str, now: float
+    ) -> tuple[Match, list[Hop]]:
+        """Route decision for a message that arrived: the broker's instance routes."""
+        ...
+
+    # --- changing (inside `transaction`) -------------------------------------------------------
+
+    def open_target(
+        self,
+        w: Work,
+        conversation_id: str,
+        service: str,
+        far_service: str,
+        contract: str,
+        expires_at: float | None,
+        far_broker: str,
+    ) -> Endpoint:
+        """The target endpoint a dialog's first arriving message creates."""
+        ...
+
+    def deliver(
+        self, w: Work, ep: Endpoint, message_type: str, bodies: Sequence[bytes], first_seq: int
+    ) -> None: ...
+
+    def deliver_waiting(self, w: Work, ep_no: int) -> None:
+        """Deliver what waited in the transmission queue for a target now found on this broker
+        (or drop the rows of an endpoint that is gone)."""
+        ...
+
+    def post_error(self, w: Work, ep: Endpoint, code: int, description: str) -> None: ...
+
+    def pin(self, w: Work, ep: Endpoint, broker_id: str) -> None:
+        """From now on only `broker_id` holds the far side of this dialog."""
+        ...
+
+    def acknowledged(self, w: Work, ep_nos: Iterable[int]) -> None:
+        """The far broker acknowledged messages of these endpoints."""
+        ...
+
+    def record_event(self, w: Work, kind: str, subject: str, detail: str) -> None: ...
+
+
+class Peers(Protocol):
+    """Calls to other brokers by name. Anything that keeps a call from being answered raises
+    `PeerUnreachable` with a reason fit for a status line."""
+
+    async def deliver(self, broker: str, blob: bytes, timeout: float) -> bytes: ...
