@@ -2,7 +2,7 @@
 
 The public surface is what `__all__` names; everything else is internal. The Ray-side names
 (`Broker`, `connect`, `start_broker`, `stop_broker`, `ensure_ray`) load on first use, so the plain
-modules (catalog, envelope, core, ...) import without Ray.
+modules (catalog, envelope, core, ...) and `LocalBroker` import without Ray.
 """
 
 from __future__ import annotations
@@ -10,9 +10,28 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from .activation import HandlerContext
 from .catalog import Activation, Contract, MessageType, Queue, Service
 from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer
-from .errors import BrokerError
+from .errors import (
+    AlreadyExists,
+    BrokerError,
+    BrokerUnavailable,
+    CatalogError,
+    ContractViolation,
+    ConversationEnded,
+    ConversationNotFound,
+    GroupLocked,
+    InvalidArgument,
+    LockNotHeld,
+    MessageError,
+    NotFound,
+    QueueDisabled,
+    ValidationFailed,
+)
+from .limits import Limits
+from .local import LocalBroker
+from .verbs import BrokerHandle
 
 if TYPE_CHECKING:
     from .remote.client import Broker, connect, stop_broker
@@ -46,18 +65,35 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Activation",
+    "AlreadyExists",
     "Begin",
     "Broker",
     "BrokerError",
+    "BrokerHandle",
+    "BrokerUnavailable",
+    "CatalogError",
     "Contract",
+    "ContractViolation",
+    "ConversationEnded",
+    "ConversationNotFound",
     "End",
+    "GroupLocked",
+    "HandlerContext",
+    "InvalidArgument",
+    "Limits",
+    "LocalBroker",
+    "LockNotHeld",
     "Message",
+    "MessageError",
     "MessageType",
+    "NotFound",
     "Queue",
+    "QueueDisabled",
     "ReceivedGroup",
     "Send",
     "Service",
     "Timer",
+    "ValidationFailed",
     "connect",
     "ensure_ray",
     "start_broker",

@@ -8,7 +8,7 @@ same records come out as columns (`columns`) ready for Arrow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -109,3 +109,17 @@ def columns(recs: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
         for f in FIELDS:
             out[f].append(r[f])
     return out
+
+
+def read_all(
+    audit: Callable[..., Mapping[str, Any]], after_id: int = 0, page: int = 1000
+) -> tuple[list[dict[str, Any]], int]:
+    """Every record after `after_id`, paging through a handle's `audit` cursor; returns the
+    records and the id to continue from."""
+    out: list[dict[str, Any]] = []
+    while True:
+        got = audit(after_id=after_id, limit=page)
+        out += got["records"]
+        if got["next"] == after_id:
+            return out, after_id
+        after_id = got["next"]

@@ -28,6 +28,7 @@ from . import (
     ensure_ray,
     start_broker,
 )
+from . import audit as audit_format
 from .activation import HandlerContext
 
 LINE_SCHEMA = {
@@ -92,7 +93,7 @@ def run(
         define(broker)
         # the fulfilment queue starts its own readers (up to `readers`) as orders arrive
         activation = Activation("actors.demo:fulfil", max_readers=readers, max_groups=16)
-        broker.alter_queue("FulfilmentQueue", activation=activation.__dict__)
+        broker.alter(Queue, "FulfilmentQueue", activation=activation.__dict__)
         expected: dict[str, float] = {}
         t0 = time.perf_counter()
         for first in range(0, orders, batch):
@@ -148,7 +149,7 @@ def run(
 def _summarise(broker, orders, lines, expected, confirmed, doubled, elapsed, total) -> int:
     wrong = sum(1 for h, t in confirmed.items() if expected.get(h) != t)
     lost = orders - len(confirmed)
-    audit = broker.audit(limit=1 << 30)
+    audit, _ = audit_format.read_all(broker.audit)
     keys = [(r["conversation_id"], r["from_initiator"], r["sequence_number"]) for r in audit]
     audit_doubled = len(keys) - len(set(keys))
     messages = orders * (lines + 2)

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
+from . import checks
 from .catalog import END_DIALOG, ERROR, Contract, may_send
 from .errors import ContractViolation, ConversationEnded, InvalidArgument
 
@@ -130,23 +131,22 @@ class EndPlan:
 
 
 def plan_end(
-    ep: Endpoint, error_code: int | None = None, description: str = "", far_exists: bool = True
+    ep: Endpoint, error: int | None = None, description: str = "", far_exists: bool = True
 ) -> EndPlan:
     """END CONVERSATION [WITH ERROR]. Raises if the endpoint is already ended on this side."""
     if ep.state in (State.DISCONNECTED_OUTBOUND, State.CLOSED):
         raise ConversationEnded(f"conversation {ep.handle} was already ended on this side")
-    if error_code is not None:
-        if not isinstance(error_code, int) or isinstance(error_code, bool) or error_code <= 0:
-            raise InvalidArgument(f"error code must be a positive int, got {error_code!r}")
+    if error is not None:
+        checks.whole("error code", error, least=1, most=2**31 - 1)
         if not isinstance(description, str) or not description:
             raise InvalidArgument("an error needs a non-empty description")
     far_gone = ep.state in (State.DISCONNECTED_INBOUND, State.ERROR) or not far_exists
     if far_gone:
         # The far side has ended (or never existed): nobody to tell, the endpoint closes.
         return EndPlan(None, b"", State.CLOSED)
-    if error_code is not None:
+    if error is not None:
         # WITH ERROR closes this side at once; the far side gets the Error.
-        return EndPlan(ERROR, error_body(error_code, description), State.CLOSED)
+        return EndPlan(ERROR, error_body(error, description), State.CLOSED)
     return EndPlan(END_DIALOG, b"", State.DISCONNECTED_OUTBOUND)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from . import checks
 from .catalog import DEFAULT, ERROR
 from .dialogs import parse_error_body
 from .errors import InvalidArgument
@@ -32,6 +33,9 @@ class Begin:
     related_conversation: str | None = None
     related_group: str | None = None
     lifetime: float | None = None
+
+    def __post_init__(self) -> None:
+        checks.seconds("dialog lifetime", self.lifetime, none=True)
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,13 @@ class End:
     """END CONVERSATION [WITH ERROR = code DESCRIPTION = description | WITH CLEANUP]."""
 
     handle: str
-    error_code: int | None = None
+    error: int | None = None
     description: str = ""
     cleanup: bool = False
+
+    def __post_init__(self) -> None:
+        checks.whole("error code", self.error, least=1, most=2**31 - 1, none=True)
+        checks.flag("cleanup", self.cleanup)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,9 @@ class Timer:
 
     handle: str
     timeout: float
+
+    def __post_init__(self) -> None:
+        checks.seconds("timer timeout", self.timeout, zero=True)
 
 
 Op = Begin | Send | End | Timer
@@ -112,7 +123,7 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
                 ]
             )
         elif tag == 2:
-            out.append([2, op.handle, op.error_code, op.description, op.cleanup])
+            out.append([2, op.handle, op.error, op.description, op.cleanup])
         else:
             out.append([3, op.handle, op.timeout])
     try:

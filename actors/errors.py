@@ -140,7 +140,7 @@ class QueueDisabled(BrokerError):
     def __init__(self, queue: str, reason: str = "") -> None:
         super().__init__(
             f"queue {queue!r} is disabled{f' ({reason})' if reason else ''}; fix the cause, then "
-            f"re-enable it with alter_queue({queue!r}, enabled=True)"
+            f"re-enable it with alter(Queue, {queue!r}, enabled=True)"
         )
         self.queue = queue
 
@@ -171,3 +171,12 @@ class PeerUnreachable(BrokerError):
     def __init__(self, broker: str, reason: str) -> None:
         super().__init__(f"broker {broker!r} unreachable: {reason}")
         self.broker, self.reason = broker, reason
+
+
+class ReaderLost(BrokerError):
+    """A pool reader's process died; the locks it held under `owner` (None: it held none yet)
+    are released and its groups come back."""
+
+    def __init__(self, reader: str, owner: str | None, reason: str) -> None:
+        super().__init__(f"reader {reader} died: {reason}")
+        self.reader, self.owner, self.reason = reader, owner, reason

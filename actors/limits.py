@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from . import checks
+from .errors import InvalidArgument
+
+_ZERO_OK = frozenset({"read_cache_bytes", "closed_retention_s"})  # 0: off / at once
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,29 @@ class Limits:
     growth_check_s: float = 0.5  # how often a running pool looks at whether its queue grows
     failed_start_backoff_s: float = 5.0  # no new reader for this long after one could not start
     backlog_target_s: float = 2.0  # a backlog the readers would need longer than this wants more
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, what, zero = getattr(self, f.name), f"limit {f.name}", f.name in _ZERO_OK
+            if f.type in (int, "int"):
+                checks.whole(what, value, least=0 if zero else 1)
+            else:
+                object.__setattr__(self, f.name, checks.seconds(what, value, zero=zero))
+        if self.retry_min_s > self.retry_max_s:
+            raise InvalidArgument(
+                f"limit retry_min_s ({self.retry_min_s}) must not exceed retry_max_s "
+                f"({self.retry_max_s})"
+            )
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any] | None) -> Limits:
+        """Limits from keyword options; an unknown name is an `InvalidArgument`."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            known = ", ".join(f.name for f in fields(cls))
+            raise InvalidArgument(f"unknown limit(s) {unknown}; the limits are: {known}")
+        return cls(**options)
 
     def backoff(self, attempts: int) -> float:
         """How long to wait before the next attempt at a message tried `attempts` times."""

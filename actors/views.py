@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import audit as audit_format
+from . import checks
 from .store import Store
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def endpoints(state: BrokerState) -> list[dict[str, Any]]:
 
 def queue(state: BrokerState, store: Store, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
     """The rows of one queue, in queue order, with each message's status."""
+    checks.page(0, limit)
     state.catalog.queue(queue)
     groups = [g.no for g in state.groups.values() if g.queue == queue]
     out = []
@@ -101,6 +103,7 @@ def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[d
 
 def transmission(state: BrokerState, store: Store, limit: int = 1000) -> list[dict[str, Any]]:
     """sys.transmission_queue: messages waiting to leave this broker, and why."""
+    checks.page(0, limit)
     out = []
     for (
         tid,
@@ -135,6 +138,7 @@ def transmission(state: BrokerState, store: Store, limit: int = 1000) -> list[di
 
 
 def events(store: Store, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    checks.page(after_id, limit)
     return [
         {"id": i, "at": at, "kind": kind, "subject": subject, "detail": detail}
         for i, at, kind, subject, detail in store.events(after_id, limit)
@@ -144,6 +148,7 @@ def events(store: Store, after_id: int = 0, limit: int = 1000) -> list[dict[str,
 def audit(store: Store, after_id: int = 0, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
     """Delivery records after audit row `after_id` (at most `limit` commits), oldest first, and
     the last audit row id read (0: none)."""
+    checks.page(after_id, limit)
     out: list[dict[str, Any]] = []
     last = 0
     for aid, _at, payload in store.audit_rows(after_id, limit):

@@ -10,10 +10,10 @@ from .policy import (
     BACKLOG_TARGET_S,
     Decision,
     PoolPolicy,
-    PoolTunables,
     QueueState,
     readers_to_start,
 )
+from .pools import ReaderLauncher, ReaderPools
 from .reader import (
     Handler,
     HandlerContext,
@@ -31,8 +31,9 @@ __all__ = [
     "HandlerContext",
     "Outcome",
     "PoolPolicy",
-    "PoolTunables",
     "QueueState",
+    "ReaderLauncher",
+    "ReaderPools",
     "ReaderPort",
     "ReaderStats",
     "read_until_idle",

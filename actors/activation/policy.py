@@ -1,7 +1,7 @@
 """How many readers an activated queue needs; when its reader pool grows, waits, keeps a spare.
 
-Plain Python with an injected clock. The broker's reader pools (`actors/remote/pools.py`) ask
-`PoolPolicy` what to do and only carry it out: start readers, make or kill the spare actor.
+Plain Python with an injected clock. The broker's reader pools (`actors/activation/pools.py`) ask
+`PoolPolicy` what to do and only carry it out: start readers, make or kill the spare reader.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..catalog import Activation
+from ..limits import Limits
 
-BACKLOG_TARGET_S = 2.0  # a backlog the readers would need longer than this to drain wants more
+BACKLOG_TARGET_S = Limits.backlog_target_s
 
 
 def readers_to_start(
@@ -31,15 +32,6 @@ def readers_to_start(
     if running == 0 or depth > last_depth:
         return 1
     return 1 if depth > drained_per_s * target_s else 0
-
-
-@dataclass(frozen=True)
-class PoolTunables:
-    """The reader pools' timing."""
-
-    growth_check_s: float = 0.5  # how often a running pool looks at whether it should grow
-    failed_start_backoff_s: float = 5.0  # after a reader could not run: no new one for this long
-    backlog_target_s: float = BACKLOG_TARGET_S
 
 
 @dataclass(frozen=True)
@@ -68,9 +60,9 @@ class PoolPolicy:
     """Per-queue reader-pool decisions. The caller reports what happened (a reader failed or
     ended, a spare was taken) and carries out each `Decision`."""
 
-    def __init__(self, clock: Callable[[], float], tunables: PoolTunables | None = None) -> None:
+    def __init__(self, clock: Callable[[], float], limits: Limits | None = None) -> None:
         self.clock = clock
-        self.tunables = tunables or PoolTunables()
+        self.tunables = limits or Limits()  # growth_check_s, failed_start_backoff_s, backlog_...
         self.queues: dict[str, QueueState] = {}
 
     def state(self, queue: str) -> QueueState:

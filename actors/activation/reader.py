@@ -68,8 +68,9 @@ class HandlerContext:
         self.ops.append(op)
         return op.handle
 
-    def timer(self, handle: str, seconds: float) -> None:
-        self.ops.append(Timer(handle, seconds))
+    def timer(self, handle: str, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER inside this commit: a DialogTimer after `timeout` seconds."""
+        self.ops.append(Timer(handle, timeout))
 
 
 @dataclass

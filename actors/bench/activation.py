@@ -155,14 +155,14 @@ def _drain(b: Broker, act: Activation, messages: int, dialogs: int, batch: int) 
     rates = []
     for _ in range(REPEATS):
         _fill(b, handles, messages, batch)
-        b.alter_queue("WorkQueue", activation={"enabled": True})
+        b.alter("queue", "WorkQueue", activation={"enabled": True})
         while (depth := b.queues()["WorkQueue"]["depth"]) == messages:
             time.sleep(0.002)
         t0 = time.perf_counter()
         while b.queues()["WorkQueue"]["depth"]:
             time.sleep(0.01)
         rates.append(depth / (time.perf_counter() - t0))
-        b.alter_queue("WorkQueue", activation={"enabled": False})
+        b.alter("queue", "WorkQueue", activation={"enabled": False})
         while b.queues()["WorkQueue"]["readers"]:
             time.sleep(0.01)
     return statistics.median(rates)
@@ -172,7 +172,9 @@ def _first_call_latency(b: Broker, placement: str, trials: int) -> tuple[list[fl
     """From an idle queue (no readers running; a pool keeps one warm spare actor), send one
     message and read back the time the handler first saw it. The first trial, whose reader
     process may still be starting, is returned apart (cold) from the `trials` warm ones."""
-    b.alter_queue("WorkQueue", activation={"handler": STAMP, "idle_timeout": 0.3, "enabled": True})
+    b.alter(
+        "queue", "WorkQueue", activation={"handler": STAMP, "idle_timeout": 0.3, "enabled": True}
+    )
     out = []
     for _ in range(trials + 1):
         while b.queues()["WorkQueue"]["readers"]:

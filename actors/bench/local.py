@@ -17,6 +17,7 @@ from collections.abc import Callable
 import psutil
 
 from .. import Begin, Queue, Send, Service, start_broker
+from ..audit import read_all
 from ..remote.client import Broker
 from ..remote.runtime import ensure_ray
 from ..store import SCHEMA
@@ -157,7 +158,7 @@ async def receive_all(
 
 
 async def _pipelined(broker, handles, messages, batch, body, max_groups, readers, inflight):
-    audit_from = len(broker.audit(limit=1 << 30))
+    _, audit_from = read_all(broker.audit)
     cpu = _Cpu(broker)
     t0 = time.perf_counter()
     await asyncio.gather(
@@ -166,7 +167,7 @@ async def _pipelined(broker, handles, messages, batch, body, max_groups, readers
     )
     elapsed = time.perf_counter() - t0
     per_1k = cpu.per_1k(messages)
-    records = broker.audit(limit=1 << 30)[audit_from:]
+    records, _ = read_all(broker.audit, audit_from)
     lat = sorted((r["committed_at"] - r["sent_at"]) * 1000 for r in records)
     return messages / elapsed, percentile(lat, 0.5), percentile(lat, 0.99), per_1k
 

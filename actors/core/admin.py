@@ -3,6 +3,7 @@ services), the two route tables, and broker settings."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -123,7 +124,7 @@ class Admin:
         def fn(w: Changes) -> list[str]:
             t = self.state.route_table(table)
             before = t.routes()
-            warnings = t.create(Route.from_record(dict(record)), w.now)
+            warnings = t.create(Route.from_record(_resolve_lifetime(record, w.now)), w.now)
             self._save_routes(w, table, before)
             for text in warnings:
                 w.event("RouteWarning", record.get("name", "?"), text)
@@ -137,7 +138,7 @@ class Admin:
         def fn(w: Changes) -> list[str]:
             t = self.state.route_table(table)
             before = t.routes()
-            warnings = t.alter(name, w.now, **dict(changes))
+            warnings = t.alter(name, w.now, **_resolve_lifetime(changes, w.now))
             self._save_routes(w, table, before)
             return warnings
 
@@ -176,3 +177,20 @@ class Admin:
     def record_event(self, kind: str, subject: str, detail: str) -> None:
         """An operator event from outside the verbs (a reader that could not start, say)."""
         self.uow.run(lambda w: w.event(kind, subject, detail))
+
+
+def _resolve_lifetime(fields: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """A route's `lifetime` (seconds from now, as clients send it) becomes `expires_at` by this
+    broker's clock, so clients' clocks do not matter."""
+    out = dict(fields)
+    if "lifetime" in out:
+        if "expires_at" in out:
+            raise InvalidArgument("give a route either lifetime or expires_at, not both")
+        life = out.pop("lifetime")
+        ok = life is None or (isinstance(life, int | float) and not isinstance(life, bool))
+        if not ok or (life is not None and not (math.isfinite(life) and life > 0)):
+            raise InvalidArgument(
+                f"route lifetime must be None or a finite number of seconds > 0, not {life!r}"
+            )
+        out["expires_at"] = None if life is None else now + life
+    return out

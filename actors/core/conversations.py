@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from .. import checks
 from ..catalog import SYSTEM_TYPES, check_name
 from ..dialogs import State, check_send, plan_end
 from ..envelope import Begin, End, Op, Send, Timer
@@ -53,12 +54,7 @@ class Conversations:
         check_name("service", op.to_service)
         if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
             raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
-        if op.lifetime is not None and (
-            not isinstance(op.lifetime, int | float) or op.lifetime <= 0
-        ):
-            raise InvalidArgument(
-                f"lifetime must be a positive number of seconds, not {op.lifetime!r}"
-            )
+        lifetime = checks.seconds("dialog lifetime", op.lifetime, none=True)
         local_target = st.catalog.services.get(op.to_service)
         if (
             local_target is not None
@@ -96,7 +92,7 @@ class Conversations:
             far_service=op.to_service,
             contract=contract.name,
             group_no=group_no,
-            expires_at=None if op.lifetime is None else w.now + op.lifetime,
+            expires_at=None if lifetime is None else w.now + lifetime,
             far_broker=op.to_broker,
         )
         return op.handle
@@ -132,6 +128,7 @@ class Conversations:
 
     def end(self, w: Changes, op: End, held: frozenset[int]) -> None:
         st, delivery = self.state, self.delivery
+        checks.flag("cleanup", op.cleanup)
         ep = st.endpoint(op.handle)
         lock = st.locks.by_group.get(ep.group_no)
         if lock is not None and ep.group_no not in held:
@@ -147,7 +144,7 @@ class Conversations:
             w.dead_endpoints.append(ep)
             return
         far = st.far(ep)
-        plan = plan_end(ep, op.error_code, op.description, far_exists=delivery.far_exists(ep, far))
+        plan = plan_end(ep, op.error, op.description, far_exists=delivery.far_exists(ep, far))
         if plan.notify is not None:
             delivery.transmit(w, ep, plan.notify, [plan.body])
         w.touch(ep)
@@ -165,9 +162,8 @@ class Conversations:
 
     def timer(self, w: Changes, op: Timer) -> None:
         ep = self.state.endpoint(op.handle)
-        if not isinstance(op.timeout, int | float) or op.timeout < 0:
-            raise InvalidArgument(f"timer timeout must be >= 0 seconds, not {op.timeout!r}")
+        timeout = checks.seconds("timer timeout", op.timeout, zero=True)
         if ep.state is State.CLOSED:
             raise ConversationNotFound(op.handle)
         w.touch(ep)
-        ep.timer_at = w.now + op.timeout if op.timeout > 0 else None
+        ep.timer_at = w.now + timeout if timeout > 0 else None

@@ -193,11 +193,7 @@ class BrokerCore:
     def events_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         return views.events(self.store, after_id, limit)
 
-    def audit_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        """Delivery records, one per committed message, oldest first."""
-        return views.audit(self.store, after_id, limit)[0]
-
-    def audit_cursor(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]:
+    def audit(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]:
         """Delivery records after `after_id` (at most `limit` commits) and the id to pass next:
         {"records": [...], "next": id}."""
         recs, nxt = views.audit(self.store, after_id, limit)

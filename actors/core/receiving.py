@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import audit
+from .. import audit, checks
 from ..catalog import Queue, to_record
 from ..envelope import Op, ReceivedGroup
 from ..errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
@@ -42,12 +42,7 @@ class Receiving:
     ) -> list[ReceivedGroup]:
         """RECEIVE [TOP (n)] from up to `max_groups` conversation groups, each locked on its own.
         Returns [] when nothing is waiting (the runtime does the waiting)."""
-        if not isinstance(max_groups, int) or max_groups < 1:
-            raise InvalidArgument(f"max_groups must be an int >= 1, not {max_groups!r}")
-        if top is not None and (not isinstance(top, int) or top < 1):
-            raise InvalidArgument(f"top must be None or an int >= 1, not {top!r}")
-        if lease_s is not None and (not isinstance(lease_s, int | float) or lease_s <= 0):
-            raise InvalidArgument(f"lease_s must be > 0 seconds, not {lease_s!r}")
+        checks.receive(max_groups, top, lease_s)
         st = self.state
         q = st.catalog.queue(queue)
         if not q.enabled:
@@ -135,6 +130,7 @@ class Receiving:
     ) -> tuple[str, str] | None:
         """GET CONVERSATION GROUP: lock the next group with waiting messages without taking
         any; returns (group_id, lock_id), or None. Receive from it with `lock_id=`."""
+        checks.seconds("lease", lease_s, none=True)
         st = self.state
         q = st.catalog.queue(queue)
         if not q.enabled:

@@ -1,333 +1,51 @@
-"""`BrokerActor`: the thin Ray shell around `BrokerCore`.
+"""`BrokerActor`: the Ray shell around `actors.service.BrokerService`.
 
-It owns what needs a process: the event loop (receivers waiting for messages), the clock that fires
-timers and leases, and handles to the reader actors that hold locks (so a dead reader's locks are
-released at once). Every rule it applies is in the core.
+What it adds is only what needs Ray: calls to other brokers (`RayPeers`), reader actors for
+activated queues (`RayReaderLauncher`), asking whether a lock holder's actor still lives, and
+looking up brokers by name. Every verb and every rule is the service's and the core's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
-import time
 from typing import Any
 
 import ray
 
-from ..catalog import from_record
-from ..core import BrokerCore, Limits
-from ..envelope import Begin, ReceivedGroup, Timer, pack_received, unpack_ops
-from ..errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
-from ..store import Store
-from ..transport import Outbound
+from ..service import BrokerService
 from .peers import RayPeers
-from .pools import ReaderPools
-
-log = logging.getLogger("raybroker")
-
-# Failpoints for fault-injection tests: "exit_after_commit" kills the process right after the next
-# apply/settle commits, before its reply leaves (the window where a retry must not apply twice).
-FAILPOINTS = frozenset({"exit_after_commit"})
+from .pools import RayReaderLauncher
 
 
-class BrokerActor:
-    """One broker. Created through `actors.remote.client.start_broker`, which applies
+class BrokerActor(BrokerService):
+    """One broker. Created through `actors.remote.factory.start_broker`, which applies
     `ray.remote` with restart options; the class itself stays plain Python."""
 
     def __init__(
         self, name: str, path: str, durability: str, limits: dict[str, Any], namespace: str
     ) -> None:
-        self.name = name
         self.namespace = namespace  # where this broker and its peers are registered
-        # as started, so start_broker can refuse to attach with other settings
-        self.path, self.durability, self.limits = path, durability, dict(limits)
-        self.core = BrokerCore(Store(path, durability), time.time, Limits(**limits), name)
-        self.courier = self.core.transport.courier(RayPeers(namespace))
-        self.core.notify = self._wake
-        self.core.on_event = self._surface
-        self._waiters: dict[str, asyncio.Event] = {}
-        self._owners: dict[str, Any] = {}  # owner id -> actor handle of a lock holder
-        self._poke = asyncio.Event()
-        self._failpoints: set[str] = set()
-        self.pools = ReaderPools(self)
-        self._clock = asyncio.get_running_loop().create_task(self._run_clock())
-        self._send_poke = asyncio.Event()
-        self._sender = asyncio.get_running_loop().create_task(self._run_sender())
+        super().__init__(
+            name,
+            path,
+            durability,
+            limits,
+            peers=RayPeers(namespace),
+            launcher=RayReaderLauncher(name, namespace),
+        )
 
-    # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
-
-    async def _run_clock(self) -> None:
-        next_owner_check = 0.0
-        while True:
-            try:
-                due = self.core.tick()
-                self.pools.tick()
-                now = time.time()
-                if now >= next_owner_check:
-                    next_owner_check = now + self.core.limits.owner_check_s
-                    await self._release_dead_owners()
-            except Exception:  # the clock must outlive any one failure; it is logged
-                log.exception("broker %s: clock tick failed", self.name)
-                due = None
-            most = self.core.limits.tick_max_s
-            delay = most if due is None else min(most, max(0.0, due - time.time()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), delay)
-            self._poke.clear()
-
-    async def _release_dead_owners(self) -> None:
-        held = self.core.locks.owners()
-        for owner in list(self._owners):
-            if owner not in held:
-                del self._owners[owner]
-        await asyncio.gather(*(self._check_owner(o, h) for o, h in list(self._owners.items())))
-
-    async def _check_owner(self, owner: str, handle: Any) -> None:
+    async def holder_alive(self, handle: Any) -> bool | None:
         try:
             await asyncio.wait_for(handle.__ray_ready__.remote(), 5.0)
         except TimeoutError:
-            return  # busy, not dead; its lease still bounds it
+            return None  # busy, not dead; its lease still bounds it
         except ray.exceptions.RayError:
-            n = self.core.release_owner(owner)
-            self._owners.pop(owner, None)
-            log.warning(
-                "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
-            )
+            return False
+        return True
 
-    # --- transport: the transmission queue goes out; bundles come in ------------------------------
-
-    async def _run_sender(self) -> None:
-        transport = self.core.transport
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._send_poke.wait(), 0.05)
-            self._send_poke.clear()
-            if not transport.pending:
-                continue
-            try:
-                for out in transport.dispatch():
-                    asyncio.ensure_future(self._send(out))
-            except Exception:  # logged; the rows stay queued and are tried again
-                log.exception("broker %s: dispatching the transmission queue failed", self.name)
-
-    async def _send(self, out: Outbound) -> None:
-        if await self.courier.send(out):
-            self._send_poke.set()  # the same dialogs may have more to send
-
-    async def deliver(self, blob: bytes) -> bytes:
-        """Bundles from another broker: deliver, forward, acknowledge (see actors.transport)."""
-        reply = await self.courier.deliver(blob)
-        self._send_poke.set()  # replies to these dialogs may be waiting to go out
-        return reply
-
-    # --- routes ----------------------------------------------------------------------------------
-
-    def _check_brokers(self, record: dict[str, Any]) -> None:
-        """A route to a broker that does not exist is refused (it may be started later)."""
-        for key in ("address", "mirror_address"):
-            address = record.get(key)
-            if isinstance(address, str) and address.lower().startswith("ray://"):
-                name = address[len("ray://") :]
-                if name == self.name:
-                    continue
-                try:
-                    ray.get_actor(name, namespace=self.namespace)
-                except ValueError:
-                    raise UnknownBroker(
-                        name,
-                        f"no broker named {name!r} runs in namespace {self.namespace!r}; "
-                        "start it, then create the route",
-                    ) from None
-
-    async def create_route(self, table: str, record: dict[str, Any], request_id: str) -> list:
-        self._check_brokers(record)
-        warnings = self.core.create_route(table, record, request_id)
-        self._send_poke.set()  # delayed dialogs may now have a way
-        return warnings
-
-    async def alter_route(
-        self, table: str, name: str, changes: dict[str, Any], request_id: str
-    ) -> list:
-        self._check_brokers(changes)
-        warnings = self.core.alter_route(table, name, changes, request_id)
-        self._send_poke.set()
-        return warnings
-
-    async def drop_route(self, table: str, name: str, request_id: str) -> None:
-        self.core.drop_route(table, name, request_id)
-
-    async def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
-        return self.core.configure(forwarding)
-
-    def _wake(self, queue: str) -> None:
-        ev = self._waiters.pop(queue, None)
-        if ev is not None:
-            ev.set()
-        self.pools.nudge(queue)
-
-    async def _wait(self, queue: str, timeout: float) -> None:
-        ev = self._waiters.setdefault(queue, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout)
-
-    def _surface(self, kind: str, subject: str, detail: str) -> None:
-        level = logging.WARNING if kind == "QueueDisabled" else logging.INFO
-        log.log(level, "broker %s: %s %s: %s", self.name, kind, subject, detail)
-
-    # --- verbs (each one core call, one transaction) --------------------------------------------
-
-    async def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "broker_id": self.core.broker_id,
-            "pid": os.getpid(),
-            "path": self.path,
-            "durability": self.durability,
-            "limits": self.limits,
-        }
-
-    async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:
-        self.core.create(from_record(kind, record), request_id)
-
-    async def alter(self, kind: str, name: str, changes: dict[str, Any], request_id: str) -> None:
-        self.core.alter(kind, name, changes, request_id)
-
-    async def drop(self, kind: str, name: str, request_id: str) -> None:
-        self.core.drop(kind, name, request_id)
-
-    async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
-        unpacked = unpack_ops(ops)
-        result = self.core.apply(unpacked, request_id)
-        self._failpoint("exit_after_commit")
-        if any(isinstance(op, Begin | Timer) for op in unpacked):
-            self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
-        if self.core.transport.pending:
-            self._send_poke.set()
-        return result
-
-    async def receive(
-        self,
-        queue: str,
-        wait: float,
-        options: dict[str, Any],
-        owner: tuple[str, Any] | None = None,
-        settle: tuple[Any, ...] | None = None,
-        reader: str | None = None,
-    ) -> bytes:
-        """RECEIVE, after first settling (committing / rolling back) the caller's previous
-        groups when `settle` is given: a reader's loop costs one call per turn."""
-        if settle is not None:
-            commit, rollback, ops, states, request_id = settle
-            settle = (commit, rollback, unpack_ops(ops), states, request_id)
-        groups = await self.receive_groups(queue, wait, options, self._adopt(owner), settle, reader)
-        if groups:
-            self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
-        return pack_received(groups)
-
-    async def receive_groups(
-        self,
-        queue: str,
-        wait: float,
-        options: dict[str, Any],
-        owner_id: str | None,
-        settle: tuple[Any, ...] | None,
-        reader: str | None,
-    ) -> list[ReceivedGroup]:
-        if settle is not None:
-            try:
-                self.core.settle(*settle)
-            except BrokerError as exc:
-                exc.during = "settle"  # the caller learns which half of the call failed
-                raise
-            self._failpoint("exit_after_commit")
-            if self.core.transport.pending:
-                self._send_poke.set()
-        deadline = time.monotonic() + wait
-        while True:
-            if reader is not None and not self.pools.wants(queue, reader):
-                # checked on every pass: a reader retired while it waited takes nothing more
-                raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
-            groups = self.core.receive(queue, owner=owner_id, **options)
-            left = deadline - time.monotonic()
-            if groups or left <= 0:
-                if groups and options.get("lease_s"):
-                    self._poke.set()
-                return groups
-            await self._wait(queue, left)
-
-    async def get_conversation_group(
-        self,
-        queue: str,
-        wait: float,
-        lease_s: float | None,
-        owner: tuple[str, Any] | None = None,
-    ) -> tuple[str, str] | None:
-        deadline = time.monotonic() + wait
-        owner_id = self._adopt(owner)
-        while True:
-            found = self.core.get_conversation_group(queue, owner_id, lease_s)
-            left = deadline - time.monotonic()
-            if found or left <= 0:
-                return found
-            await self._wait(queue, left)
-
-    def _adopt(self, owner: tuple[str, Any] | None) -> str | None:
-        """Remember the actor that will hold the locks, to notice if it dies."""
-        if owner is None:
-            return None
-        owner_id, handle = owner
-        self._owners[owner_id] = handle
-        return owner_id
-
-    async def settle(
-        self,
-        commit: list[str],
-        rollback: list[str],
-        ops: bytes,
-        states: dict[str, bytes | None],
-        request_id: str,
-    ) -> dict[str, Any]:
-        result = self.core.settle(commit, rollback, unpack_ops(ops), states, request_id)
-        self._failpoint("exit_after_commit")
-        if self.core.transport.pending:
-            self._send_poke.set()
-        return result
-
-    async def arm_failpoint(self, name: str) -> None:
-        """Arm a failpoint (see FAILPOINTS); it fires once, in this process."""
-        if name not in FAILPOINTS:
-            raise InvalidArgument(f"unknown failpoint {name!r}; use one of {sorted(FAILPOINTS)}")
-        self._failpoints.add(name)
-
-    async def reader_actors(self, queue: str) -> list[Any]:
-        """The running pool readers of a queue (for fault-injection tests and `verify`)."""
-        return self.pools.reader_actors(queue)
-
-    def _failpoint(self, name: str) -> None:
-        if name in self._failpoints:
-            os._exit(1)
-
-    async def move_conversation(self, handle: str, group_id: str) -> None:
-        self.core.move_conversation(handle, group_id)
-
-    def _queues_view(self) -> dict[str, dict[str, Any]]:
-        out = self.core.queues_view()
-        for name, row in out.items():
-            row["readers"] = self.pools.readers(name)
-        return out
-
-    async def view(self, name: str, kwargs: dict[str, Any]) -> Any:
-        views = {
-            "definitions": self.core.definitions,
-            "endpoints": self.core.endpoints_view,
-            "queue": self.core.queue_view,
-            "queues": self._queues_view,
-            "groups": self.core.groups_view,
-            "routes": self.core.routes_view,
-            "transmission_queue": self.core.transmission_view,
-            "events": self.core.events_view,
-            "audit": self.core.audit_view,
-        }
-        return views[name](**kwargs)
+    def broker_exists(self, name: str) -> bool:
+        try:
+            ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return False
+        return True

@@ -9,6 +9,8 @@ from typing import Any
 import ray
 
 from ..errors import InvalidArgument
+from ..limits import Limits
+from ..service import check_name_and_path
 from .broker import BrokerActor
 from .client import DEFAULT_NAMESPACE, Broker
 
@@ -25,15 +27,16 @@ def start_broker(
     max_body_bytes: int | None = None,
     lease_s: float | None = None,
     forward_buffer: int | None = None,
+    request_retention_s: float | None = None,
     **actor_options: Any,
 ) -> Broker:
     """Start the broker actor `name` (or attach to it if it runs), with its store at `path`
     (a SQLite file, or ":memory:" for a broker that forgets on restart). Ray restarts the actor
     if its process dies; it reopens the store and carries on. `actor_options` go to Ray
-    (num_cpus, resources, scheduling_strategy, ...) for placement. Attaching to a running broker
-    with another path, durability or limits raises `InvalidArgument`."""
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument("a broker needs a non-empty name")
+    (num_cpus, resources, scheduling_strategy, ...) for placement. `request_retention_s`: how long
+    a request id is remembered (a call retried within it applies once). Attaching to a running
+    broker with another path, durability or limits raises `InvalidArgument`."""
+    check_name_and_path(name, path)
     if path == ":memory:":
         warnings.warn(
             f"broker {name!r} keeps its store in memory, but Ray restarts a broker whose process "
@@ -42,8 +45,14 @@ def start_broker(
             RuntimeWarning,
             stacklevel=2,
         )
-    given = {"max_body_bytes": max_body_bytes, "lease_s": lease_s, "forward_buffer": forward_buffer}
+    given = {
+        "max_body_bytes": max_body_bytes,
+        "lease_s": lease_s,
+        "forward_buffer": forward_buffer,
+        "request_retention_s": request_retention_s,
+    }
     limits = {k: v for k, v in given.items() if v is not None}
+    Limits.of(limits)  # bad limits are refused here, before an actor starts
     options = {"num_cpus": 0, "max_concurrency": 1000, **actor_options}
     cls = ray.remote(BrokerActor).options(
         name=name,

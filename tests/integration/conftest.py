@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 import ray
 
-from actors import Broker, Contract, MessageType, Queue, Service, start_broker
+from actors import (
+    Broker,
+    BrokerHandle,
+    Contract,
+    LocalBroker,
+    MessageType,
+    Queue,
+    Service,
+    start_broker,
+)
 from actors.remote.runtime import ensure_ray
 
 os.environ.setdefault("RAYBROKER_QUIET", "1")  # actor logs stay in Ray's log files
@@ -41,11 +50,20 @@ def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
 
 
 @pytest.fixture
-def broker(make_broker) -> Broker:
-    return make_broker()
+def broker(request, tmp_path) -> BrokerHandle:
+    """A broker actor; a test marked `@on_both` runs once with it and once with an in-process
+    `LocalBroker` (same verbs, no Ray), so one scenario suite covers both handles."""
+    if getattr(request, "param", "ray") == "local":
+        b = LocalBroker(f"local-{uuid.uuid4().hex[:10]}", str(tmp_path / "local.sqlite"))
+        request.addfinalizer(b.stop)
+        return b
+    return request.getfixturevalue("make_broker")()
 
 
-def define_orders(b: Broker, poison_limit: int = 5, retention: bool = False) -> None:
+on_both = pytest.mark.parametrize("broker", ["local", "ray"], indirect=True)
+
+
+def define_orders(b: BrokerHandle, poison_limit: int = 5, retention: bool = False) -> None:
     """The catalog most tests use: Orders (initiator) -> Fulfilment (target)."""
     b.create(MessageType("Order", "json"))
     b.create(

@@ -162,9 +162,9 @@ def test_activation_can_be_turned_off_and_on_on_a_running_queue(broker):
     define(broker, Activation(COUNT, idle_timeout=30.0, enabled=False))
     send_stream(broker, dialogs=5, per_dialog=10)
     assert readers(broker) == 0 and broker.queues()["WorkQueue"]["depth"] == 50
-    broker.alter_queue("WorkQueue", activation={"enabled": True})
+    broker.alter(Queue, "WorkQueue", activation={"enabled": True})
     wait_until(lambda: all_counted(broker, 50), what="the messages processed")
-    broker.alter_queue("WorkQueue", activation={"enabled": False})
+    broker.alter(Queue, "WorkQueue", activation={"enabled": False})
     wait_until(lambda: readers(broker) == 0, what="the reader retired despite idle_timeout=30")
 
 
@@ -199,7 +199,7 @@ def test_a_hung_handler_is_bounded_by_its_lease_and_its_group_comes_back(broker)
         lambda: readers(broker) == 1 and broker.queues()["WorkQueue"]["locked_groups"],
         what="the handler to take the group",
     )
-    broker.alter_queue("WorkQueue", activation={"enabled": False})  # no second hung reader
+    broker.alter(Queue, "WorkQueue", activation={"enabled": False})  # no second hung reader
     [g] = broker.receive("WorkQueue", wait=30)  # after the lease runs out
     assert g.messages[0].body == b"m"
     broker.commit(g)
@@ -221,5 +221,5 @@ def test_a_bad_activation_is_refused_when_the_queue_is_configured(broker, activa
     with pytest.raises(InvalidDefinition):
         broker.create(Queue("Other", activation=activation))
     with pytest.raises(InvalidDefinition):
-        broker.alter_queue("WorkQueue", activation=activation)
+        broker.alter(Queue, "WorkQueue", activation=activation)
     assert broker.definitions() == before

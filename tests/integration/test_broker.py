@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 import ray
 
 from actors import (
     Begin,
+    Broker,
+    BrokerHandle,
     End,
+    LocalBroker,
     MessageType,
     Queue,
     Send,
@@ -20,7 +25,6 @@ from actors import (
     start_broker,
     stop_broker,
 )
-from actors.envelope import unpack_received
 from actors.errors import (
     AlreadyExists,
     BodyTooLarge,
@@ -40,7 +44,7 @@ from actors.errors import (
     ValidationFailed,
 )
 
-from .conftest import define_orders, wait_until
+from .conftest import define_orders, on_both, wait_until
 
 
 def order(n: int) -> bytes:
@@ -55,6 +59,15 @@ def snapshot(b):
     return b.endpoints(), b.queues(), b.queue("FulfilmentQueue"), b.queue("OrdersQueue")
 
 
+@pytest.mark.parametrize("handle", [Broker, LocalBroker], ids=["ray", "local"])
+def test_both_handles_have_every_verb_of_the_handle_protocol_with_the_same_parameters(handle):
+    verbs = [n for n, v in vars(BrokerHandle).items() if callable(v) and not n.startswith("_")]
+    assert len(verbs) > 25
+    for name in verbs:
+        want = list(inspect.signature(getattr(BrokerHandle, name)).parameters)
+        assert list(inspect.signature(getattr(handle, name)).parameters) == want, name
+
+
 # --- catalog ---------------------------------------------------------------------------------
 
 
@@ -62,7 +75,7 @@ def test_definitions_are_created_listed_altered_and_dropped_on_a_running_broker(
     define_orders(broker)
     kinds = {(k, rec["name"]) for k, rec in broker.definitions()}
     assert ("service", "Fulfilment") in kinds and ("message_type", "Line") in kinds
-    broker.alter_queue("FulfilmentQueue", poison_limit=2)
+    broker.alter(Queue, "FulfilmentQueue", poison_limit=2)
     assert broker.queues()["FulfilmentQueue"]["poison_limit"] == 2
     broker.create(Queue("Spare"))
     broker.drop("queue", "Spare")
@@ -186,6 +199,7 @@ def test_an_in_memory_broker_warns_that_a_restart_empties_it(make_broker):
 # --- dialogs ---------------------------------------------------------------------------------
 
 
+@on_both
 def test_a_dialog_carries_messages_both_ways_in_order_and_ends_on_both_sides(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -207,6 +221,7 @@ def test_a_dialog_carries_messages_both_ways_in_order_and_ends_on_both_sides(bro
         broker.send(h, "Order", order(2))
 
 
+@on_both
 def test_end_with_error_delivers_the_error_to_the_far_side(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -217,6 +232,7 @@ def test_end_with_error_delivers_the_error_to_the_far_side(broker):
     assert back.messages[0].error == (50001, "out of stock")
 
 
+@on_both
 def test_end_with_cleanup_removes_the_local_endpoint_only(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -227,6 +243,7 @@ def test_end_with_cleanup_removes_the_local_endpoint_only(broker):
     assert broker.queues()["FulfilmentQueue"]["depth"] == 1  # the far side was not told
 
 
+@on_both
 def test_one_message_can_be_sent_on_several_dialogs_at_once(broker):
     define_orders(broker)
     hs = broker.apply([Begin("Orders", "Fulfilment", "OrderContract") for _ in range(3)])
@@ -260,6 +277,7 @@ def test_a_bad_send_is_refused_and_leaves_every_queue_and_dialog_as_it_was(
     assert snapshot(b) == before
 
 
+@on_both
 def test_unknown_services_and_contracts_are_refused_when_a_dialog_begins(broker):
     define_orders(broker)
     with pytest.raises(UnknownService):
@@ -274,6 +292,7 @@ def test_unknown_services_and_contracts_are_refused_when_a_dialog_begins(broker)
 # --- receive, groups, commit, rollback -----------------------------------------------------------
 
 
+@on_both
 def test_receive_takes_one_group_and_other_readers_skip_it_until_commit(broker):
     define_orders(broker)
     h1 = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -288,6 +307,7 @@ def test_receive_takes_one_group_and_other_readers_skip_it_until_commit(broker):
     assert again.group_id == first.group_id and again.messages[0].body == order(1)
 
 
+@on_both
 def test_receive_top_n_takes_the_first_messages_and_the_rest_come_next(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -298,6 +318,7 @@ def test_receive_top_n_takes_the_first_messages_and_the_rest_come_next(broker):
     assert [m.sequence_number for m in rest.messages] == [2, 3, 4]
 
 
+@on_both
 def test_messages_arriving_while_a_group_is_locked_wait_for_the_next_receive(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -309,6 +330,7 @@ def test_messages_arriving_while_a_group_is_locked_wait_for_the_next_receive(bro
     assert [m.message_type for m in nxt.messages] == ["Line"]
 
 
+@on_both
 def test_multi_group_receive_locks_each_group_and_settles_them_separately(broker):
     define_orders(broker)
     hs = broker.apply([Begin("Orders", "Fulfilment", "OrderContract") for _ in range(4)])
@@ -320,6 +342,7 @@ def test_multi_group_receive_locks_each_group_and_settles_them_separately(broker
     assert {g.group_id for g in back} == {g.group_id for g in groups[2:]}
 
 
+@on_both
 def test_commit_applies_sends_ends_and_group_state_atomically(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -339,6 +362,7 @@ def test_commit_applies_sends_ends_and_group_state_atomically(broker):
     assert [m.message_type for m in broker.receive("OrdersQueue")[0].messages] == ["Ack"]
 
 
+@on_both
 def test_committing_a_lock_you_do_not_hold_is_refused(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -351,6 +375,7 @@ def test_committing_a_lock_you_do_not_hold_is_refused(broker):
         broker.commit("not-a-lock")
 
 
+@on_both
 def test_receive_targets_a_group_or_a_handle(broker):
     define_orders(broker)
     h1, h2 = broker.apply([Begin("Orders", "Fulfilment", "OrderContract") for _ in range(2)])[
@@ -367,6 +392,7 @@ def test_receive_targets_a_group_or_a_handle(broker):
     assert by_handle.group_id == g2.group_id
 
 
+@on_both
 def test_related_dialogs_share_a_group_and_arrive_in_one_receive(broker):
     define_orders(broker)
     header = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -383,6 +409,7 @@ def test_related_dialogs_share_a_group_and_arrive_in_one_receive(broker):
     assert {m.conversation_handle for m in replies.messages} == {header, lines}
 
 
+@on_both
 def test_get_conversation_group_then_move_conversation(broker):
     define_orders(broker)
     a, b = broker.apply([Begin("Orders", "Fulfilment", "OrderContract") for _ in range(2)])[
@@ -404,22 +431,26 @@ def test_get_conversation_group_then_move_conversation(broker):
     assert both.group_id == other and len(both.messages) == 2
 
 
+@on_both
 def test_receive_with_wait_returns_when_a_message_arrives(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
-    waiting = broker.actor.receive.remote("FulfilmentQueue", 30.0, {"max_groups": 1})
-    ready, _ = ray.wait([waiting], timeout=0.2)
-    assert ready == []  # still waiting: nothing sent yet
-    broker.send(h, "Order", order(1))
-    groups = unpack_received(ray.get(waiting))
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(broker.receive, "FulfilmentQueue", wait=30.0)
+        done, _ = wait([waiting], timeout=0.2)
+        assert not done  # still waiting: nothing sent yet
+        broker.send(h, "Order", order(1))
+        groups = waiting.result(timeout=30)
     assert groups[0].messages[0].body == order(1)
 
 
+@on_both
 def test_receive_with_wait_returns_empty_when_time_runs_out(broker):
     define_orders(broker)
     assert broker.receive("FulfilmentQueue", wait=0.2) == []
 
 
+@on_both
 def test_the_async_client_does_what_the_sync_one_does(broker):
     define_orders(broker)
 
@@ -437,6 +468,7 @@ def test_the_async_client_does_what_the_sync_one_does(broker):
 # --- poison, leases, dead holders --------------------------------------------------------------
 
 
+@on_both
 def test_poison_limit_rollbacks_in_a_row_disable_the_queue_until_re_enabled(broker):
     define_orders(broker, poison_limit=3)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -447,7 +479,7 @@ def test_poison_limit_rollbacks_in_a_row_disable_the_queue_until_re_enabled(brok
         broker.receive("FulfilmentQueue")
     events = [e for e in broker.events() if e["kind"] == "QueueDisabled"]
     assert events and events[0]["subject"] == "FulfilmentQueue"
-    broker.alter_queue("FulfilmentQueue", enabled=True)
+    broker.alter(Queue, "FulfilmentQueue", enabled=True)
     [g] = broker.receive("FulfilmentQueue")
     assert g.messages[0].body == order(1)
 
@@ -487,6 +519,7 @@ def test_a_dead_readers_locks_are_released_and_its_messages_reappear(broker):
 # --- timers, lifetime, echo, retention, views -------------------------------------------------
 
 
+@on_both
 def test_a_conversation_timer_delivers_a_dialog_timer_message(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -496,6 +529,7 @@ def test_a_conversation_timer_delivers_a_dialog_timer_message(broker):
     assert g.messages[0].conversation_handle == h
 
 
+@on_both
 def test_a_dialog_whose_lifetime_runs_out_errors_on_both_sides(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract", lifetime=0.3)
@@ -508,6 +542,7 @@ def test_a_dialog_whose_lifetime_runs_out_errors_on_both_sides(broker):
         broker.send(h, "Order", order(2))
 
 
+@on_both
 def test_echo_dialogs_are_answered_by_the_broker(broker):
     broker.create(Queue("EchoQueue"))
     broker.create(Queue("ProbeQueue"))
@@ -520,6 +555,7 @@ def test_echo_dialogs_are_answered_by_the_broker(broker):
     assert broker.queues()["EchoQueue"]["depth"] == 0
 
 
+@on_both
 def test_a_retention_queue_keeps_received_messages_until_the_dialog_ends(broker):
     define_orders(broker, retention=True)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -531,6 +567,7 @@ def test_a_retention_queue_keeps_received_messages_until_the_dialog_ends(broker)
     assert broker.queue("FulfilmentQueue") == []
 
 
+@on_both
 def test_the_views_show_endpoints_queues_groups_and_an_empty_transmission_queue(broker):
     define_orders(broker)
     h = broker.begin_dialog("Orders", "Fulfilment", "OrderContract")
@@ -543,7 +580,7 @@ def test_the_views_show_endpoints_queues_groups_and_an_empty_transmission_queue(
     [g] = broker.receive("FulfilmentQueue")
     assert [r["status"] for r in broker.queue("FulfilmentQueue")] == ["locked"]
     broker.commit(g)
-    [rec] = broker.audit()
+    [rec] = broker.audit()["records"]
     assert rec["sequence_number"] == 0 and rec["queue"] == "FulfilmentQueue"
 
 

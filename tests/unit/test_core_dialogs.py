@@ -118,7 +118,7 @@ def test_ending_with_an_error_delivers_its_code_and_description_to_the_far_side(
     d = open_dialog(core)
     receive_all(core, "TargetQ")
 
-    core.apply([End(d.init, error_code=50001, description="order rejected")])
+    core.apply([End(d.init, error=50001, description="order rejected")])
 
     (m,) = receive_all(core, "TargetQ")
     assert m.message_type == "Error"

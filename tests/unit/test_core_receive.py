@@ -452,7 +452,7 @@ def test_audit_view_has_one_record_per_committed_message_with_conversation_and_s
     got = core.receive("TargetQ", max_groups=2)
     core.settle(commit=[got[0].lock_id], rollback=[got[1].lock_id])
 
-    audit = core.audit_view()
+    audit = core.audit()["records"]
 
     assert [(a["conversation_id"], a["sequence_number"]) for a in audit] == [
         (d1.conversation_id, 0),
@@ -463,7 +463,7 @@ def test_audit_view_has_one_record_per_committed_message_with_conversation_and_s
 
     (rest,) = core.receive("TargetQ")
     core.settle(commit=[rest.lock_id])
-    assert [(a["conversation_id"], a["sequence_number"]) for a in core.audit_view()][2:] == [
+    assert [(a["conversation_id"], a["sequence_number"]) for a in core.audit()["records"]][2:] == [
         (d2.conversation_id, 0)
     ]
 
@@ -488,7 +488,7 @@ def test_naming_the_same_lock_twice_in_one_settle_is_refused_and_changes_nothing
         core.settle(commit=[got.lock_id, got.lock_id])
 
     assert core.queues_view()["TargetQ"]["depth"] == len(core.queue_view("TargetQ")) == 3
-    assert core.audit_view() == []
+    assert core.audit()["records"] == []
     core.settle(commit=[got.lock_id])  # the lock is still held
     assert core.queues_view()["TargetQ"]["depth"] == 2
 

@@ -126,7 +126,7 @@ def test_a_body_that_is_not_bytes_is_an_invalid_argument(body):
 
 _text = st.text(max_size=20)
 _maybe_text = st.none() | _text
-_floats = st.floats(allow_nan=False)
+_seconds = st.floats(0, 2**31 - 1)  # what an operation may carry as a time
 _ops = st.one_of(
     st.builds(
         Begin,
@@ -137,7 +137,7 @@ _ops = st.one_of(
         _maybe_text,
         _maybe_text,
         _maybe_text,
-        st.none() | _floats,
+        st.none() | _seconds.filter(lambda x: x > 0),
     ),
     st.builds(
         Send,
@@ -145,8 +145,8 @@ _ops = st.one_of(
         _text,
         st.binary(max_size=50) | st.lists(st.binary(max_size=50), max_size=3),
     ),
-    st.builds(End, _text, st.none() | st.integers(-(2**63), 2**64 - 1), _text, st.booleans()),
-    st.builds(Timer, _text, _floats | st.integers(0, 2**31)),
+    st.builds(End, _text, st.none() | st.integers(1, 2**31 - 1), _text, st.booleans()),
+    st.builds(Timer, _text, _seconds | st.integers(0, 2**31 - 1)),
 )
 
 
@@ -228,3 +228,24 @@ def test_an_empty_receive_survives_pack_and_unpack():
 def test_a_received_group_with_no_rows_has_no_messages():
     group = ReceivedGroup("g-1", "lock-1", None, {}, [])
     assert unpack_received(pack_received([group]))[0].messages == []
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Begin("A", "B", lifetime=float("nan")),
+        lambda: Begin("A", "B", lifetime=float("inf")),
+        lambda: Begin("A", "B", lifetime=True),
+        lambda: Begin("A", "B", lifetime=0),
+        lambda: Begin("A", "B", lifetime=2.0**40),
+        lambda: Timer("h", float("nan")),
+        lambda: Timer("h", -1),
+        lambda: Timer("h", True),
+        lambda: End("h", error=0),
+        lambda: End("h", error=2**70),
+        lambda: End("h", cleanup="no"),
+    ],
+)
+def test_an_operation_with_a_bad_time_code_or_flag_is_refused_when_made(make):
+    with pytest.raises(InvalidArgument):
+        make()

@@ -52,6 +52,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.BrokerUnavailable: errors.BrokerUnavailable("unreachable"),
     errors.StoreError: errors.StoreError("cannot open"),
     errors.PeerUnreachable: errors.PeerUnreachable("B", "not running"),
+    errors.ReaderLost: errors.ReaderLost("Q/pool-1", None, "actor died"),
 }
 
 
@@ -109,7 +110,7 @@ def test_queue_disabled_keeps_the_queue_and_tells_how_to_re_enable_it():
     back = _round_trip(QueueDisabled("Q", "poison message"))
     assert back.queue == "Q"
     assert "(poison message)" in str(back)
-    assert "alter_queue('Q', enabled=True)" in str(back)
+    assert "alter(Queue, 'Q', enabled=True)" in str(back)
 
 
 def test_queue_disabled_without_a_reason_shows_no_parentheses():

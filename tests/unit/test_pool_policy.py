@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from actors.activation import Decision, PoolPolicy, PoolTunables
+from actors.activation import Decision, PoolPolicy
 from actors.catalog import Activation
+from actors.limits import Limits
 from tests.fakes import FakeClock
 
 COUNT = "actors.handlers:count_in_order"
-TUNABLES = PoolTunables()
+TUNABLES = Limits()
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_a_steady_queue_that_drains_too_slowly_grows(policy, clock):
 
 
 def test_the_backlog_target_is_a_tunable(clock):
-    policy = PoolPolicy(clock, PoolTunables(backlog_target_s=20.0))
+    policy = PoolPolicy(clock, Limits(backlog_target_s=20.0))
     policy.decide("Q", pool(), depth=20, removed=0, running=0)
     clock.advance(TUNABLES.growth_check_s)
 
@@ -136,7 +137,7 @@ def test_after_a_failed_start_no_reader_or_spare_starts_until_the_back_off_has_p
 
 
 def test_the_back_off_after_a_failed_start_is_a_tunable(clock):
-    policy = PoolPolicy(clock, PoolTunables(failed_start_backoff_s=1.0))
+    policy = PoolPolicy(clock, Limits(failed_start_backoff_s=1.0))
     policy.reader_failed("Q")
     clock.advance(1.0)
 

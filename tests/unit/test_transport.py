@@ -901,7 +901,7 @@ def test_the_target_ending_first_closes_both_once_the_initiator_ends(net, pair):
 def test_ending_an_idle_dialog_with_an_error_sends_the_far_side_an_error(net, pair):
     a, b, h, t = _conversing(net, pair)
 
-    a.apply([End(h, error_code=50001, description="gave up")])
+    a.apply([End(h, error=50001, description="gave up")])
     net.pump()
 
     (err,) = take(b, "TargetQ")
@@ -1034,7 +1034,7 @@ def test_a_closed_endpoint_is_kept_while_its_error_still_waits_to_go_out(net, pa
     h = begin(a, b"m0")
     net.pump()
     net.down.add("B")
-    a.apply([End(h, error_code=50001, description="cancelled")])  # closes A at once
+    a.apply([End(h, error=50001, description="cancelled")])  # closes A at once
     net.later()
     net.clock.advance(Limits().closed_retention_s + 1)
     a.tick()

@@ -1,0 +1,67 @@
+"""Checks of the numbers and flags callers pass: times, counts, limits, switches.
+
+One place, used on both sides: the client checks before it calls (a clear error at once), and the
+broker checks again (another client may not). A NaN, an infinity, a bool where a number belongs,
+a negative, an int too large for the store or a wrong type is an `InvalidArgument` naming what was
+wrong, before anything changes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import InvalidArgument
+
+MAX_SECONDS = float(2**31 - 1)  # about 68 years: Service Broker's lifetimes are INT seconds
+INT_MAX = 2**63 - 1  # SQLite's INTEGER
+
+
+def seconds(what: str, value: Any, *, zero: bool = False, none: bool = False) -> Any:
+    """A finite time in seconds: > 0 (>= 0 with `zero`), at most MAX_SECONDS; None if `none`."""
+    if value is None and none:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        also = " or None" if none else ""
+        raise InvalidArgument(
+            f"{what} must be a finite number of seconds {bound}{also}, not {value!r}"
+        )
+    if value > MAX_SECONDS:
+        raise InvalidArgument(f"{what} must be at most {MAX_SECONDS:.0f} seconds, not {value!r}")
+    return float(value)
+
+
+def whole(what: str, value: Any, *, least: int = 0, most: int = INT_MAX, none: bool = False) -> Any:
+    """An int in [least, most] (not a bool); None if `none`."""
+    if value is None and none:
+        return None
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or not least <= value <= most:
+        also = " or None" if none else ""
+        raise InvalidArgument(f"{what} must be an int from {least} to {most}{also}, not {value!r}")
+    return value
+
+
+def flag(what: str, value: Any) -> bool:
+    """True or False, nothing else ("no" is not False)."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, not {value!r}")
+    return value
+
+
+MAX_GROUPS = 10_000  # groups one receive may lock
+
+
+def receive(max_groups: Any, top: Any, lease: Any) -> None:
+    """RECEIVE's numbers."""
+    whole("max_groups", max_groups, least=1, most=MAX_GROUPS)
+    whole("top", top, least=1, none=True)
+    seconds("lease", lease, none=True)
+
+
+def page(after_id: Any, limit: Any) -> None:
+    """A view's cursor and page size."""
+    whole("after_id", after_id)
+    whole("limit", limit, least=1)

@@ -1,0 +1,110 @@
+"""`LocalBroker`: a broker in this process, with the same verbs as the Ray `Broker`, and no Ray.
+
+For testing handlers and driver code without a cluster, and for single-process use. It runs a
+`BrokerService` (the same one the Ray actor runs) on an event loop in a background thread; calls
+travel the same wire encoding. Activated queues run their readers as tasks on that loop, whatever
+their placement. It has no peers: routes may only address itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .errors import InvalidArgument
+from .limits import Limits
+from .service import BrokerService, check_name_and_path
+from .verbs import Verbs
+
+
+class LocalBroker(Verbs):
+    """An in-process broker (`actors.verbs.BrokerHandle`). `path` is a SQLite file, or
+    ":memory:"; `limits` are `actors.limits.Limits` fields. Use it as a context manager, or call
+    `stop()`."""
+
+    def __init__(
+        self,
+        name: str = "local",
+        path: str = ":memory:",
+        *,
+        durability: str = "normal",
+        **limits: Any,
+    ) -> None:
+        check_name_and_path(name, path)
+        Limits.of(limits)  # refused here, before a thread starts
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name=f"raybroker-{name}", daemon=True
+        )
+        self._thread.start()
+        try:
+            self.service: BrokerService = self._run(_start(name, path, durability, limits))
+        except BaseException:
+            self._halt()
+            raise
+        self.aio = AsyncLocalBroker(self)
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError(
+                "a LocalBroker verb was called on the broker's own event loop; use `broker.aio`"
+            )
+        if not self._thread.is_alive():
+            coro.close()
+            raise InvalidArgument(f"local broker {self.name!r} is stopped")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
+        result = self._run(getattr(self.service, method)(*args))
+        return post(result) if post else result
+
+    def stop(self, delete_store: bool = False) -> None:
+        """Stop the broker: its readers, its clock, its store. `delete_store=True` also removes
+        the SQLite file and the -wal/-shm files beside it."""
+        if not self._thread.is_alive():
+            return
+        path = self.service.path
+        self._run(self.service.close())
+        self._halt()
+        if delete_store and path != ":memory:":
+            for f in (path, f"{path}-wal", f"{path}-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f)
+
+    def _halt(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+    def __enter__(self) -> LocalBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class AsyncLocalBroker(Verbs):
+    """The same verbs as `LocalBroker`, as coroutines (for asyncio code)."""
+
+    def __init__(self, sync: LocalBroker) -> None:
+        self._sync = sync
+        self.name = sync.name
+
+    async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
+        sync = self._sync
+        coro = getattr(sync.service, method)(*args)
+        if asyncio.get_running_loop() is sync.loop:  # already on the broker's loop
+            result = await coro
+        else:
+            result = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, sync.loop))
+        return post(result) if post else result
+
+
+async def _start(name: str, path: str, durability: str, limits: dict[str, Any]) -> BrokerService:
+    return BrokerService(name, path, durability, limits)

@@ -1,0 +1,442 @@
+"""`BrokerService`: one running broker on an asyncio event loop, without Ray.
+
+It owns what needs a running process: receivers waiting for messages, the clock that fires timers
+and leases, the sender that moves the transmission queue to other brokers (over a `Peers`), the
+holders of locks, and the reader pools. Its methods are the wire verbs every handle calls (ops and
+received groups travel packed), so the Ray actor (`actors.remote.broker.BrokerActor`, a thin
+subclass) and the in-process `LocalBroker` run the same code. Every rule it applies is the core's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import checks
+from .activation import ReaderLauncher, ReaderPools
+from .catalog import Queue, from_record
+from .core import BrokerCore, Limits
+from .envelope import Begin, Op, ReceivedGroup, Timer, pack_received, unpack_ops
+from .errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
+from .store import Store
+from .transport import Outbound, Peers
+
+log = logging.getLogger("raybroker")
+
+# Failpoints for fault-injection tests: "exit_after_commit" kills the process right after the next
+# apply/settle commits, before its reply leaves (the window where a retry must not apply twice).
+FAILPOINTS = frozenset({"exit_after_commit"})
+
+Settle = tuple[list[str], list[str], Sequence[Op], Mapping[str, bytes | None], str | None]
+
+
+def check_name_and_path(name: Any, path: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"a broker needs a non-empty name, not {name!r}")
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument(
+            f"broker {name!r}: path must be a SQLite file path or ':memory:', not {path!r}"
+        )
+
+
+class BrokerService:
+    """One broker and its runtime. Construct it on the event loop it will run on."""
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        durability: str = "normal",
+        limits: Mapping[str, Any] | None = None,
+        *,
+        peers: Peers | None = None,
+        launcher: ReaderLauncher | None = None,
+    ) -> None:
+        check_name_and_path(name, path)
+        self.name = name
+        # as started, so a second start can refuse to attach with other settings
+        self.path, self.durability, self.limits = path, durability, dict(limits or {})
+        self.core = BrokerCore(Store(path, durability), time.time, Limits.of(self.limits), name)
+        self.core.notify = self._wake
+        self.core.on_event = self._surface
+        self.peers = peers
+        self.courier = self.core.transport.courier(peers) if peers is not None else None
+        self.pools = ReaderPools(self, self.core.limits, launcher)
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._owners: dict[str, Any] = {}  # owner id -> a handle to check the holder is alive
+        self._failpoints: set[str] = set()
+        loop = asyncio.get_running_loop()
+        self._poke = asyncio.Event()
+        self._send_poke = asyncio.Event()
+        self._tasks = [loop.create_task(self._run_clock())]
+        if self.courier is not None:
+            self._tasks.append(loop.create_task(self._run_sender()))
+
+    async def close(self) -> None:
+        """Stop the loops and readers and close the store (the in-process broker's end)."""
+        tasks = self._tasks + self.pools.shutdown()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.core.store.close()
+
+    # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
+
+    async def _run_clock(self) -> None:
+        next_owner_check = 0.0
+        while True:
+            try:
+                due = self.core.tick()
+                self.pools.tick()
+                now = time.time()
+                if now >= next_owner_check:
+                    next_owner_check = now + self.core.limits.owner_check_s
+                    await self._release_dead_owners()
+            except Exception:  # the clock must outlive any one failure; it is logged
+                log.exception("broker %s: clock tick failed", self.name)
+                due = None
+            most = self.core.limits.tick_max_s
+            delay = most if due is None else min(most, max(0.0, due - time.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), delay)
+            self._poke.clear()
+
+    async def _release_dead_owners(self) -> None:
+        held = self.core.locks.owners()
+        for owner in list(self._owners):
+            if owner not in held:
+                del self._owners[owner]
+        await asyncio.gather(*(self._check_owner(o, h) for o, h in list(self._owners.items())))
+
+    async def _check_owner(self, owner: str, handle: Any) -> None:
+        if await self.holder_alive(handle) is False:
+            n = self.core.release_owner(owner)
+            self._owners.pop(owner, None)
+            log.warning(
+                "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
+            )
+
+    async def holder_alive(self, handle: Any) -> bool | None:
+        """Whether the holder behind `handle` still runs (None: cannot tell now). In one process
+        every holder is alive; the Ray runtime asks the actor."""
+        return True
+
+    def _adopt(self, owner: tuple[str, Any] | None) -> str | None:
+        """Remember who will hold the locks, to notice if it dies."""
+        if owner is None:
+            return None
+        owner_id, handle = owner
+        self._owners[owner_id] = handle
+        return owner_id
+
+    # --- transport: the transmission queue goes out; bundles come in ------------------------------
+
+    async def _run_sender(self) -> None:
+        transport = self.core.transport
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._send_poke.wait(), 0.05)
+            self._send_poke.clear()
+            if not transport.pending:
+                continue
+            try:
+                for out in transport.dispatch():
+                    asyncio.ensure_future(self._send(out))
+            except Exception:  # logged; the rows stay queued and are tried again
+                log.exception("broker %s: dispatching the transmission queue failed", self.name)
+
+    async def _send(self, out: Outbound) -> None:
+        assert self.courier is not None
+        if await self.courier.send(out):
+            self._send_poke.set()  # the same dialogs may have more to send
+
+    def _sent_something(self) -> None:
+        if self.core.transport.pending:
+            self._send_poke.set()
+
+    async def deliver(self, blob: bytes) -> bytes:
+        """Bundles from another broker: deliver, forward, acknowledge (see actors.transport)."""
+        if self.courier is None:
+            raise InvalidArgument(f"broker {self.name!r} runs without peers and takes no bundles")
+        reply = await self.courier.deliver(blob)
+        self._send_poke.set()  # replies to these dialogs may be waiting to go out
+        return reply
+
+    # --- waiting and waking ----------------------------------------------------------------------
+
+    def _wake(self, queue: str) -> None:
+        ev = self._waiters.pop(queue, None)
+        if ev is not None:
+            ev.set()
+        self.pools.nudge(queue)
+
+    async def _wait(self, queue: str, timeout: float) -> None:
+        ev = self._waiters.setdefault(queue, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout)
+
+    def _surface(self, kind: str, subject: str, detail: str) -> None:
+        level = logging.WARNING if kind == "QueueDisabled" else logging.INFO
+        log.log(level, "broker %s: %s %s: %s", self.name, kind, subject, detail)
+
+    # --- what the reader pools need --------------------------------------------------------------
+
+    def depth(self, queue: str) -> tuple[int, int]:
+        return self.core.depth(queue)
+
+    def release_owner(self, owner: str) -> int:
+        return self.core.release_owner(owner)
+
+    def record_event(self, kind: str, subject: str, detail: str) -> None:
+        self.core.record_event(kind, subject, detail)
+
+    def queue_definitions(self) -> dict[str, Queue]:
+        return self.core.catalog.queues
+
+    def reader_port(self) -> InternalPort:
+        return InternalPort(self)
+
+    # --- routes ----------------------------------------------------------------------------------
+
+    def check_brokers(self, record: Mapping[str, Any]) -> None:
+        """A route to a broker that does not exist is refused (it may be started later)."""
+        for key in ("address", "mirror_address"):
+            address = record.get(key)
+            if isinstance(address, str) and address.lower().startswith("ray://"):
+                name = address[len("ray://") :]
+                if name != self.name and not self.broker_exists(name):
+                    raise UnknownBroker(
+                        name,
+                        f"no broker named {name!r} is reachable from {self.name!r}; "
+                        "start it, then create the route",
+                    )
+
+    def broker_exists(self, name: str) -> bool:
+        """Whether another broker of that name runs (an in-process broker knows none)."""
+        return False
+
+    async def create_route(self, table: str, record: dict[str, Any], request_id: str) -> list:
+        self.check_brokers(record)
+        warnings = self.core.create_route(table, record, request_id)
+        self._send_poke.set()  # delayed dialogs may now have a way
+        return warnings
+
+    async def alter_route(
+        self, table: str, name: str, changes: dict[str, Any], request_id: str
+    ) -> list:
+        self.check_brokers(changes)
+        warnings = self.core.alter_route(table, name, changes, request_id)
+        self._send_poke.set()
+        return warnings
+
+    async def drop_route(self, table: str, name: str, request_id: str) -> None:
+        self.core.drop_route(table, name, request_id)
+
+    async def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
+        return self.core.configure(forwarding)
+
+    # --- verbs (each one core call, one transaction) --------------------------------------------
+
+    async def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "broker_id": self.core.broker_id,
+            "pid": os.getpid(),
+            "path": self.path,
+            "durability": self.durability,
+            "limits": self.limits,
+        }
+
+    async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:
+        self.core.create(from_record(kind, record), request_id)
+
+    async def alter(self, kind: str, name: str, changes: dict[str, Any], request_id: str) -> None:
+        self.core.alter(kind, name, changes, request_id)
+
+    async def drop(self, kind: str, name: str, request_id: str) -> None:
+        self.core.drop(kind, name, request_id)
+
+    async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
+        unpacked = unpack_ops(ops)
+        result = self.core.apply(unpacked, request_id)
+        self._failpoint("exit_after_commit")
+        if any(isinstance(op, Begin | Timer) for op in unpacked):
+            self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
+        self._sent_something()
+        return result
+
+    async def receive(
+        self,
+        queue: str,
+        wait: float,
+        options: dict[str, Any],
+        owner: tuple[str, Any] | None = None,
+        settle: tuple[Any, ...] | None = None,
+        reader: str | None = None,
+    ) -> bytes:
+        """RECEIVE, after first settling (committing / rolling back) the caller's previous
+        groups when `settle` is given: a reader's loop costs one call per turn."""
+        unpacked: Settle | None = None
+        if settle is not None:
+            commit, rollback, ops, states, request_id = settle
+            unpacked = (commit, rollback, unpack_ops(ops), states, request_id)
+        groups = await self.receive_groups(
+            queue, wait, options, self._adopt(owner), unpacked, reader
+        )
+        if groups:
+            self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
+        return pack_received(groups)
+
+    async def receive_groups(
+        self,
+        queue: str,
+        wait: float,
+        options: dict[str, Any],
+        owner_id: str | None,
+        settle: Settle | None,
+        reader: str | None,
+    ) -> list[ReceivedGroup]:
+        wait = checks.seconds("wait", wait, zero=True)
+        if settle is not None:
+            try:
+                self.settle_groups(*settle)
+            except BrokerError as exc:
+                exc.during = "settle"  # the caller learns which half of the call failed
+                raise
+        deadline = time.monotonic() + wait
+        while True:
+            if reader is not None and not self.pools.wants(queue, reader):
+                # checked on every pass: a reader retired while it waited takes nothing more
+                raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
+            groups = self.core.receive(queue, owner=owner_id, **options)
+            left = deadline - time.monotonic()
+            if groups or left <= 0:
+                if groups and options.get("lease_s"):
+                    self._poke.set()
+                return groups
+            await self._wait(queue, left)
+
+    async def get_conversation_group(
+        self,
+        queue: str,
+        wait: float,
+        lease_s: float | None,
+        owner: tuple[str, Any] | None = None,
+    ) -> tuple[str, str] | None:
+        wait = checks.seconds("wait", wait, zero=True)
+        deadline = time.monotonic() + wait
+        owner_id = self._adopt(owner)
+        while True:
+            found = self.core.get_conversation_group(queue, owner_id, lease_s)
+            left = deadline - time.monotonic()
+            if found or left <= 0:
+                return found
+            await self._wait(queue, left)
+
+    def settle_groups(
+        self,
+        commit: list[str],
+        rollback: list[str],
+        ops: Sequence[Op],
+        states: Mapping[str, bytes | None],
+        request_id: str | None,
+    ) -> dict[str, Any]:
+        """The one settle path: every caller (clients, receive's settle part, internal readers)
+        commits and rolls back through here."""
+        result = self.core.settle(commit, rollback, ops, states, request_id)
+        self._failpoint("exit_after_commit")
+        self._sent_something()
+        return result
+
+    async def settle(
+        self,
+        commit: list[str],
+        rollback: list[str],
+        ops: bytes,
+        states: dict[str, bytes | None],
+        request_id: str,
+    ) -> dict[str, Any]:
+        return self.settle_groups(commit, rollback, unpack_ops(ops), states, request_id)
+
+    async def move_conversation(self, handle: str, group_id: str) -> None:
+        self.core.move_conversation(handle, group_id)
+
+    # --- fault injection -------------------------------------------------------------------------
+
+    async def arm_failpoint(self, name: str) -> None:
+        """Arm a failpoint (see FAILPOINTS); it fires once, in this process."""
+        if name not in FAILPOINTS:
+            raise InvalidArgument(f"unknown failpoint {name!r}; use one of {sorted(FAILPOINTS)}")
+        self._failpoints.add(name)
+
+    def _failpoint(self, name: str) -> None:
+        if name in self._failpoints:
+            os._exit(1)
+
+    async def reader_actors(self, queue: str) -> list[Any]:
+        """The running pool readers of a queue (for fault-injection tests and `verify`)."""
+        return self.pools.reader_handles(queue)
+
+    # --- views -----------------------------------------------------------------------------------
+
+    def _queues_view(self) -> dict[str, dict[str, Any]]:
+        out = self.core.queues_view()
+        for name, row in out.items():
+            row["readers"] = self.pools.readers(name)
+        return out
+
+    async def view(self, name: str, kwargs: dict[str, Any]) -> Any:
+        views = {
+            "definitions": self.core.definitions,
+            "endpoints": self.core.endpoints_view,
+            "queue": self.core.queue_view,
+            "queues": self._queues_view,
+            "groups": self.core.groups_view,
+            "routes": self.core.routes_view,
+            "transmission_queue": self.core.transmission_view,
+            "events": self.core.events_view,
+            "audit": self.core.audit,
+        }
+        if name not in views:
+            raise InvalidArgument(f"unknown view {name!r}; use one of {sorted(views)}")
+        return views[name](**kwargs)
+
+
+class InternalPort:
+    """The broker itself as a reader port, for readers on its own event loop: no call per batch,
+    the same settle path as every client."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+
+    async def receive(
+        self,
+        queue: str,
+        *,
+        max_groups: int,
+        wait: float,
+        lease: float,
+        reader: str | None,
+        commit: list[str],
+        rollback: list[str],
+        ops: list[Any],
+        states: dict[str, bytes | None],
+    ) -> list[ReceivedGroup]:
+        settle = (commit, rollback, ops, states, None) if commit or rollback else None
+        options = {"max_groups": max_groups, "lease_s": lease}
+        return await self.service.receive_groups(queue, wait, options, None, settle, reader)
+
+    async def settle(
+        self,
+        *,
+        commit: list[str],
+        rollback: list[str],
+        ops: list[Any],
+        states: dict[str, bytes | None],
+    ) -> Any:
+        return self.service.settle_groups(commit, rollback, ops, states, None)

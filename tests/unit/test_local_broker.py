@@ -1,0 +1,180 @@
+"""`LocalBroker`: the in-process broker with the Ray handle's verbs, on a real SQLite file, without
+Ray. (The scenario suite in tests/integration/test_broker.py runs on it and on the actor.)"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from actors import (
+    Activation,
+    BrokerHandle,
+    Contract,
+    InvalidArgument,
+    LocalBroker,
+    MessageType,
+    Queue,
+    Send,
+    Service,
+)
+from actors.audit import read_all
+from actors.errors import UnknownQueue
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with LocalBroker("unit-local", str(tmp_path / "b.sqlite")) as b:
+        b.create(MessageType("M"))
+        b.create(Contract("C", {"M": "any"}))
+        b.create(Queue("Q"))
+        b.create(Service("S", "Q", ["C"]))
+        yield b
+
+
+def poll(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+    return value
+
+
+def test_importing_the_package_and_running_a_local_broker_loads_no_ray(tmp_path):
+    code = (
+        "import sys, actors\n"
+        f"with actors.LocalBroker('x', {str(tmp_path / 'x.sqlite')!r}) as b: b.info()\n"
+        "print('ray' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_local_broker_has_every_verb_of_the_handle_protocol_with_the_same_parameters():
+    verbs = [n for n, v in vars(BrokerHandle).items() if callable(v) and not n.startswith("_")]
+    assert len(verbs) > 25
+    for name in verbs:
+        want = list(inspect.signature(getattr(BrokerHandle, name)).parameters)
+        have = list(inspect.signature(getattr(LocalBroker, name)).parameters)
+        assert have == want, name
+
+
+def test_a_dialog_round_trip_commits_once_and_the_audit_records_it(broker):
+    h = broker.begin_dialog("S", "S", "C")
+    broker.send(h, "M", b"hello")
+    [g] = broker.receive("Q", wait=5)
+    assert [m.body for m in g.messages] == [b"hello"]
+    broker.commit(g)
+    assert broker.queues()["Q"]["depth"] == 0
+    [rec] = broker.audit()["records"]
+    assert rec["message_type"] == "M" and rec["sequence_number"] == 0
+
+
+def test_an_apply_retried_with_the_same_request_id_is_applied_once(broker):
+    h = broker.begin_dialog("S", "S", "C")
+    first = broker.apply([Send(h, "M", b"once")], request_id="task-7-attempt")
+    again = broker.apply([Send(h, "M", b"once")], request_id="task-7-attempt")
+    assert first == again == {"handles": [], "sent": 1}
+    assert broker.queues()["Q"]["depth"] == 1
+
+
+def test_a_commit_retried_with_the_same_request_id_is_applied_once(broker):
+    h = broker.begin_dialog("S", "S", "C")
+    broker.send(h, "M", b"a")
+    [g] = broker.receive("Q")
+    ops = [Send(h, "M", b"reply")]
+    first = broker.commit(g, ops=ops, request_id="commit-1")
+    assert broker.commit(g, ops=ops, request_id="commit-1") == first  # not LockNotHeld
+    assert broker.queues()["Q"]["depth"] == 1  # the reply, once
+
+
+@pytest.mark.parametrize("bad", ["", 7, "x" * 201])
+def test_a_bad_request_id_is_refused_and_nothing_is_applied(broker, bad):
+    h = broker.begin_dialog("S", "S", "C")
+    with pytest.raises(InvalidArgument, match="request_id"):
+        broker.apply([Send(h, "M", b"no")], request_id=bad)
+    assert broker.queues()["Q"]["depth"] == 0
+
+
+def test_a_route_lifetime_is_resolved_by_the_brokers_clock(broker):
+    before = time.time()
+    broker.create_route("R", "Elsewhere", address="LOCAL", lifetime=60)
+    [route] = [r for r in broker.routes() if r["name"] == "R"]
+    assert before + 60 <= route["expires_at"] <= time.time() + 60
+    broker.alter_route("R", lifetime=None)
+    [route] = [r for r in broker.routes() if r["name"] == "R"]
+    assert route["expires_at"] is None
+
+
+@pytest.mark.parametrize("life", [math.nan, math.inf, -1, 0, True, "soon"])
+def test_a_bad_route_lifetime_is_refused_and_no_route_is_made(broker, life):
+    with pytest.raises(InvalidArgument, match="lifetime"):
+        broker.create_route("R", "Elsewhere", address="LOCAL", lifetime=life)
+    assert "R" not in {r["name"] for r in broker.routes()}
+
+
+def test_the_audit_cursor_pages_through_every_record_once(broker):
+    h = broker.begin_dialog("S", "S", "C")
+    for i in range(5):
+        broker.send(h, "M", str(i).encode())
+        broker.commit(broker.receive("Q"))
+    first = broker.audit(limit=2)
+    assert len(first["records"]) == 2 and first["next"] > 0
+    rest = broker.audit(after_id=first["next"])
+    seqs = [r["sequence_number"] for r in first["records"] + rest["records"]]
+    assert seqs == [0, 1, 2, 3, 4]
+    assert broker.audit(after_id=rest["next"]) == {"records": [], "next": rest["next"]}
+    assert [r["sequence_number"] for r in read_all(broker.audit, page=1)[0]] == seqs
+
+
+def test_catalog_verbs_take_the_definition_class_or_its_kind_name(broker):
+    broker.alter(Queue, "Q", poison_limit=2)
+    assert broker.queues()["Q"]["enabled"]
+    broker.create(Queue("Spare"))
+    broker.drop(Queue, "Spare")
+    with pytest.raises(UnknownQueue):
+        broker.drop("queue", "Spare")
+    with pytest.raises(InvalidArgument, match="not a catalog kind"):
+        broker.drop(dict, "Q")
+
+
+@pytest.mark.parametrize("placement", ["pool", "internal"])
+def test_an_activated_queue_runs_its_readers_in_process_whatever_the_placement(broker, placement):
+    act = Activation("actors.handlers:count_in_order", placement=placement, idle_timeout=0.5)
+    broker.alter(Queue, "Q", activation=act.__dict__)
+    h = broker.begin_dialog("S", "S", "C")
+    broker.apply([Send(h, "M", [b"x"] * 20)])
+
+    def counted():
+        states = [json.loads(g["state"]) for g in broker.groups("Q") if g["state"]]
+        return sum(s["count"] for s in states) == 20
+
+    poll(counted)
+    assert broker.queues()["Q"]["depth"] == 0
+
+
+def test_a_stopped_local_broker_says_so(tmp_path):
+    b = LocalBroker("gone", str(tmp_path / "g.sqlite"))
+    b.stop()
+    with pytest.raises(InvalidArgument, match="stopped"):
+        b.queues()
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"path": ""}, "path"),
+        ({"lease_s": math.nan}, "lease_s"),
+        ({"max_body_bytes": "abc"}, "max_body_bytes"),
+        ({"forward_buffer": -5}, "forward_buffer"),
+        ({"no_such_limit": 1}, "no_such_limit"),
+    ],
+)
+def test_bad_broker_options_are_refused_naming_the_option(options, named):
+    with pytest.raises(InvalidArgument, match=named):
+        LocalBroker("bad", **{"path": ":memory:", **options})
