@@ -282,12 +282,11 @@ class Store:
 
     def transmission_for(self, to_service: str) -> list[WaitingRow]:
         """Rows waiting to go to `to_service`, in queue order."""
-        rows = self.db.execute(
-            "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission "
-            "WHERE to_service=? ORDER BY id",
-            (to_service,),
-        ).fetchall()
-        return [WaitingRow(*r) for r in rows]
+        return self._waiting("to_service=? ORDER BY id", to_service)
+
+    def _waiting(self, where: str, arg: Any) -> list[WaitingRow]:
+        sql = "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission WHERE "
+        return [WaitingRow(*r) for r in self.db.execute(sql + where, (arg,))]
 
     def parked_endpoints(self) -> list[int]:
         """Every endpoint with messages in the transmission queue."""
@@ -308,12 +307,7 @@ class Store:
 
     def endpoint_transmission(self, endpoint_no: int) -> list[WaitingRow]:
         """One endpoint's waiting rows, in sequence order."""
-        rows = self.db.execute(
-            "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission "
-            "WHERE endpoint_no=? ORDER BY seq",
-            (endpoint_no,),
-        ).fetchall()
-        return [WaitingRow(*r) for r in rows]
+        return self._waiting("endpoint_no=? ORDER BY seq", endpoint_no)
 
     def delay_transmission(self, rows: Iterable[tuple[str, float, int, int]]) -> None:
         """rows: (status, next_attempt, attempts, id)."""

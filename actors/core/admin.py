@@ -11,19 +11,14 @@ from ..catalog import Definition, Queue, Service, kind_of, to_record
 from ..dialogs import State
 from ..errors import InUse, InvalidArgument
 from ..routing import Route, RouteTable
-from ..store import Store
 from .delivery import Delivery
-from .state import ROUTE_TABLES, BrokerState
-from .work import Changes, UnitOfWork
+from .state import ROUTE_TABLES
+from .work import Changes, Part, UnitOfWork
 
 
-class Admin:
-    def __init__(
-        self, state: BrokerState, store: Store, uow: UnitOfWork, delivery: Delivery
-    ) -> None:
-        self.state = state
-        self.store = store
-        self.uow = uow
+class Admin(Part):
+    def __init__(self, uow: UnitOfWork, delivery: Delivery) -> None:
+        super().__init__(uow)
         self.delivery = delivery
 
     # --- the catalog -----------------------------------------------------------------------------

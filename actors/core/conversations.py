@@ -18,16 +18,13 @@ from ..errors import (
     GroupLocked,
     InvalidArgument,
 )
-from ..store import Store
 from .delivery import Delivery
-from .state import BrokerState
-from .work import Changes
+from .work import Changes, Part, UnitOfWork
 
 
-class Conversations:
-    def __init__(self, state: BrokerState, store: Store, delivery: Delivery) -> None:
-        self.state = state
-        self.store = store
+class Conversations(Part):
+    def __init__(self, uow: UnitOfWork, delivery: Delivery) -> None:
+        super().__init__(uow)
         self.delivery = delivery
 
     def apply_ops(self, w: Changes, ops: Sequence[Op], held: frozenset[int]) -> dict[str, Any]:

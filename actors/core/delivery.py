@@ -23,16 +23,10 @@ from ..dialogs import (
 from ..errors import ContractViolation
 from ..readcache import ROW_OVERHEAD
 from ..routing import Hop, Match, next_hops
-from ..store import Store
-from .state import BrokerState
-from .work import Arrived, Changes, Removed
+from .work import Arrived, Changes, Part, Removed
 
 
-class Delivery:
-    def __init__(self, state: BrokerState, store: Store) -> None:
-        self.state = state
-        self.store = store
-
+class Delivery(Part):
     # --- routing decisions ---------------------------------------------------------------------
 
     def next_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:

@@ -4,15 +4,14 @@ No Ray here. Callers: the broker actor, the local broker, and tests."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import views
-from ..catalog import Catalog, Definition
-from ..envelope import Op, ReceivedGroup
+from ..catalog import Catalog
+from ..envelope import Op
 from ..limits import Limits
 from ..locks import LockTable
-from ..routing import RouteTable
 from ..store import Store
 from ..transport import Transport
 from .admin import Admin
@@ -42,34 +41,43 @@ class BrokerCore:
         self.limits = limits or Limits()
         self.state = BrokerState(store, self.limits, name)
         self.uow = UnitOfWork(self.state, store, clock)
-        self.delivery = Delivery(self.state, store)
-        self.conversations = Conversations(self.state, store, self.delivery)
-        self.receiving = Receiving(self.state, store, self.uow, self.conversations)
-        self.admin = Admin(self.state, store, self.uow, self.delivery)
-        self.timers = Timers(self.state, store, self.uow, self.delivery, self.receiving)
-        self.transport = Transport(CorePort(self.state, store, self.uow, self.delivery), store)
+        self.delivery = Delivery(self.uow)
+        self.conversations = Conversations(self.uow, self.delivery)
+        self.receiving = Receiving(self.uow, self.conversations)
+        self.admin = Admin(self.uow, self.delivery)
+        self.timers = Timers(self.uow, self.delivery, self.receiving)
+        self.transport = Transport(CorePort(self.uow, self.delivery), store)
+        # The verbs, as the parts define them (one signature, one docstring each).
+        a, r = self.admin, self.receiving
+        self.create, self.alter, self.drop, self.definitions = (
+            a.create,
+            a.alter,
+            a.drop,
+            a.definitions,
+        )
+        self.create_route, self.alter_route, self.drop_route = (
+            a.create_route,
+            a.alter_route,
+            a.drop_route,
+        )
+        self.routes_view, self.configure, self.record_event = (
+            a.routes_view,
+            a.configure,
+            a.record_event,
+        )
+        self.receive, self.get_conversation_group, self.settle = (
+            r.receive,
+            r.get_conversation_group,
+            r.settle,
+        )
+        self.move_conversation, self.release_owner = r.move_conversation, r.release_owner
+        self.tick = self.timers.tick
+        # Fixed for the broker's life: its id, catalog and lock table.
+        self.broker_id: str = self.state.broker_id
+        self.catalog: Catalog = self.state.catalog
+        self.locks: LockTable = self.state.locks
 
     # --- what the runtime reads and hooks ---------------------------------------------------------
-
-    @property
-    def broker_id(self) -> str:
-        return self.state.broker_id
-
-    @property
-    def catalog(self) -> Catalog:
-        return self.state.catalog
-
-    @property
-    def locks(self) -> LockTable:
-        return self.state.locks
-
-    @property
-    def routes(self) -> dict[str, RouteTable]:
-        return self.state.routes
-
-    @property
-    def forwarding(self) -> bool:
-        return self.state.forwarding
 
     @property
     def notify(self) -> Callable[[str], None]:
@@ -89,84 +97,12 @@ class BrokerCore:
     def on_event(self, fn: Callable[[str, str, str], None]) -> None:
         self.uow.on_event = fn
 
-    # --- catalog, routes, settings ----------------------------------------------------------------
-
-    def create(self, defn: Definition, request_id: str | None = None) -> None:
-        self.admin.create(defn, request_id)
-
-    def alter(
-        self, kind: str, name: str, changes: Mapping[str, Any], request_id: str | None = None
-    ) -> None:
-        self.admin.alter(kind, name, changes, request_id)
-
-    def drop(self, kind: str, name: str, request_id: str | None = None) -> None:
-        self.admin.drop(kind, name, request_id)
-
-    def definitions(self) -> list[tuple[str, dict[str, Any]]]:
-        return self.admin.definitions()
-
-    def create_route(
-        self, table: str, record: Mapping[str, Any], request_id: str | None = None
-    ) -> list[str]:
-        return self.admin.create_route(table, record, request_id)
-
-    def alter_route(
-        self, table: str, name: str, changes: Mapping[str, Any], request_id: str | None = None
-    ) -> list[str]:
-        return self.admin.alter_route(table, name, changes, request_id)
-
-    def drop_route(self, table: str, name: str, request_id: str | None = None) -> None:
-        self.admin.drop_route(table, name, request_id)
-
-    def routes_view(self, table: str = "routes") -> list[dict[str, Any]]:
-        return self.admin.routes_view(table)
-
-    def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
-        return self.admin.configure(forwarding)
-
-    def record_event(self, kind: str, subject: str, detail: str) -> None:
-        self.admin.record_event(kind, subject, detail)
-
     # --- dialogs ---------------------------------------------------------------------------------
 
     def apply(self, ops: Sequence[Op], request_id: str | None = None) -> dict[str, Any]:
         """BEGIN DIALOG / SEND / END CONVERSATION / BEGIN CONVERSATION TIMER, any number of each,
         in order, in one transaction. A `request_id` makes a retried call apply once."""
         return self.uow.run(lambda w: self.conversations.apply_ops(w, ops, frozenset()), request_id)
-
-    def move_conversation(self, handle: str, group_id: str) -> None:
-        self.receiving.move_conversation(handle, group_id)
-
-    # --- receiving -------------------------------------------------------------------------------
-
-    def receive(self, queue: str, **options: Any) -> list[ReceivedGroup]:
-        """RECEIVE; see `Receiving.receive` for the options."""
-        return self.receiving.receive(queue, **options)
-
-    def get_conversation_group(
-        self, queue: str, owner: str | None = None, lease_s: float | None = None
-    ) -> tuple[str, str] | None:
-        return self.receiving.get_conversation_group(queue, owner, lease_s)
-
-    def settle(
-        self,
-        commit: Sequence[str] = (),
-        rollback: Sequence[str] = (),
-        ops: Sequence[Op] = (),
-        states: Mapping[str, bytes | None] | None = None,
-        request_id: str | None = None,
-    ) -> dict[str, Any]:
-        return self.receiving.settle(commit, rollback, ops, states, request_id)
-
-    def release_owner(self, owner: str) -> int:
-        """The holder `owner` died: roll back every lock it held. Returns how many."""
-        return self.receiving.release_owner(owner)
-
-    # --- time ------------------------------------------------------------------------------------
-
-    def tick(self) -> float | None:
-        """Fire what is due; returns when something next falls due (None: nothing)."""
-        return self.timers.tick()
 
     # --- views -----------------------------------------------------------------------------------
 

@@ -10,22 +10,17 @@ from ..catalog import Catalog
 from ..dialogs import Endpoint, State
 from ..limits import Limits
 from ..routing import Hop, Match, next_hops
-from ..store import Store
 from .delivery import Delivery
-from .state import BrokerState
-from .work import Changes, UnitOfWork
+from .work import Changes, Part, UnitOfWork
 
 T = TypeVar("T")
 
 
-class CorePort:
-    def __init__(
-        self, state: BrokerState, store: Store, uow: UnitOfWork, delivery: Delivery
-    ) -> None:
-        self.state = state
-        self.store = store
-        self.uow = uow
+class CorePort(Part):
+    def __init__(self, uow: UnitOfWork, delivery: Delivery) -> None:
+        super().__init__(uow)
         self.delivery = delivery
+        state = uow.state
         self.name = state.name
         self.broker_id = state.broker_id
         self.limits: Limits = state.limits

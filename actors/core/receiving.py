@@ -13,19 +13,13 @@ from ..catalog import Queue, to_record
 from ..envelope import Op, ReceivedGroup
 from ..errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
 from ..locks import Lock
-from ..store import Store
 from .conversations import Conversations
-from .state import BrokerState
-from .work import Arrived, Changes, Removed, UnitOfWork
+from .work import Arrived, Changes, Part, Removed, UnitOfWork
 
 
-class Receiving:
-    def __init__(
-        self, state: BrokerState, store: Store, uow: UnitOfWork, conversations: Conversations
-    ) -> None:
-        self.state = state
-        self.store = store
-        self.uow = uow
+class Receiving(Part):
+    def __init__(self, uow: UnitOfWork, conversations: Conversations) -> None:
+        super().__init__(uow)
         self.conversations = conversations
 
     def receive(

@@ -7,27 +7,17 @@ import heapq
 
 from ..catalog import DIALOG_TIMER
 from ..dialogs import LIFETIME_EXPIRED, State
-from ..store import Store
 from .delivery import Delivery
 from .receiving import Receiving
-from .state import BrokerState, Due
-from .work import Changes, UnitOfWork
+from .state import Due
+from .work import Changes, Part, UnitOfWork
 
 LIVE = (State.STARTED_OUTBOUND, State.CONVERSING, State.DISCONNECTED_INBOUND)
 
 
-class Timers:
-    def __init__(
-        self,
-        state: BrokerState,
-        store: Store,
-        uow: UnitOfWork,
-        delivery: Delivery,
-        receiving: Receiving,
-    ) -> None:
-        self.state = state
-        self.store = store
-        self.uow = uow
+class Timers(Part):
+    def __init__(self, uow: UnitOfWork, delivery: Delivery, receiving: Receiving) -> None:
+        super().__init__(uow)
         self.delivery = delivery
         self.receiving = receiving
         self.next_prune = 0.0

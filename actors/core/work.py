@@ -182,3 +182,12 @@ class UnitOfWork:
             self.on_event(e.kind, e.subject, e.detail)
         for queue in woken:
             self.notify(queue)
+
+
+class Part:
+    """One group of verbs: works on the broker's state and store inside its unit of work."""
+
+    def __init__(self, uow: UnitOfWork) -> None:
+        self.uow = uow
+        self.state = uow.state
+        self.store = uow.store

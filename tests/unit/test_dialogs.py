@@ -144,30 +144,24 @@ def test_a_user_message_arriving_does_not_change_a_later_state(state):
     assert ep.state is state
 
 
-@pytest.mark.parametrize("state", [State.STARTED_OUTBOUND, State.CONVERSING])
-def test_end_dialog_arriving_at_an_open_endpoint_disconnects_it_inbound(state):
+@pytest.mark.parametrize(
+    "state, arriving, after",
+    [
+        # EndDialog at an open endpoint: the far side ended; this side may still reply.
+        (State.STARTED_OUTBOUND, END_DIALOG, State.DISCONNECTED_INBOUND),
+        (State.CONVERSING, END_DIALOG, State.DISCONNECTED_INBOUND),
+        # An Error at an open endpoint puts it in error.
+        (State.STARTED_OUTBOUND, ERROR, State.ERROR),
+        (State.CONVERSING, ERROR, State.ERROR),
+        # Either, after this side ended, closes the endpoint.
+        (State.DISCONNECTED_OUTBOUND, END_DIALOG, State.CLOSED),
+        (State.DISCONNECTED_OUTBOUND, ERROR, State.CLOSED),
+    ],
+)
+def test_an_end_or_error_arriving_moves_the_endpoint_to_its_next_state(state, arriving, after):
     ep = _endpoint(state)
-    on_arrival(ep, END_DIALOG)
-    assert ep.state is State.DISCONNECTED_INBOUND
-
-
-def test_end_dialog_arriving_after_this_side_ended_closes_the_endpoint():
-    ep = _endpoint(State.DISCONNECTED_OUTBOUND)
-    on_arrival(ep, END_DIALOG)
-    assert ep.state is State.CLOSED
-
-
-@pytest.mark.parametrize("state", [State.STARTED_OUTBOUND, State.CONVERSING])
-def test_an_error_arriving_at_an_open_endpoint_puts_it_in_error(state):
-    ep = _endpoint(state)
-    on_arrival(ep, ERROR)
-    assert ep.state is State.ERROR
-
-
-def test_an_error_arriving_after_this_side_ended_closes_the_endpoint():
-    ep = _endpoint(State.DISCONNECTED_OUTBOUND)
-    on_arrival(ep, ERROR)
-    assert ep.state is State.CLOSED
+    on_arrival(ep, arriving)
+    assert ep.state is after
 
 
 # --- plan_end --------------------------------------------------------------------------------
