@@ -545,7 +545,9 @@ def test_every_message_of_a_dialog_goes_to_one_broker_even_before_an_ack_pins_it
 
 def test_a_second_route_to_one_broker_id_does_not_skew_the_split(net, balanced):
     a, b, c = balanced
-    two_routes = [a.state.routes["routes"].get(n) for n in ("LoadBalancingRoute1", "LoadBalancingRoute2")]
+    two_routes = [
+        a.state.routes["routes"].get(n) for n in ("LoadBalancingRoute1", "LoadBalancingRoute2")
+    ]
     route(a, "routes", "LoadBalancingRoute3", "Target", "ray://C", c.broker_id)
     handles = begin_many(a, 1000)
 
