@@ -62,7 +62,9 @@ class Courier:
         answer carries the owning broker's acknowledgements back to the sender."""
         port = self.port
         n = sum(len(b.seqs) for b in bundles)
-        if self.relaying + n > port.limits.forward_buffer:
+        # The buffer bounds what is held at once; one call alone always passes (it is already
+        # in memory, and refusing it would refuse it forever: a sender's batch does not shrink).
+        if self.relaying and self.relaying + n > port.limits.forward_buffer:
             return _refused(f"{port.name}: forwarding buffer full")
         self.relaying += n
         try:

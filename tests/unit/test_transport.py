@@ -1045,3 +1045,57 @@ def test_a_closed_endpoint_is_kept_while_its_error_still_waits_to_go_out(net, pa
     net.later(RETRY_MAX_S)
     [err] = [m for m in take(b, "TargetQ") if m.message_type == "Error"]
     assert err.error == (50001, "cancelled")
+
+
+def _forwarding_pair(net, buffer: int):
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    f = net.add("F", forwarding=True, limits=Limits(forward_buffer=buffer))
+    route(a, "routes", "ToTarget", "Target", "ray://F")
+    route(f, "instance", "FwdTarget", "Target", "ray://B")
+    return a, b, f
+
+
+def test_a_forwarder_holds_at_most_its_buffer_and_refuses_more_until_it_drains(net):
+    a, b, _ = _forwarding_pair(net, buffer=3)
+    begin(a, b"a0", b"a1")
+    (first,) = a.transport.dispatch()
+    begin(a, b"b0", b"b1")
+    (second,) = a.transport.dispatch()  # the first dialog is in flight: only the second
+    gate = asyncio.Event()
+    b_deliver = net.couriers["B"].deliver
+
+    async def held_at_b(blob: bytes) -> bytes:
+        await gate.wait()
+        return await b_deliver(blob)
+
+    net.couriers["B"].deliver = held_at_b
+
+    async def both() -> tuple[bytes, bytes]:
+        relaying = asyncio.create_task(net.peers("A").deliver("F", first.blob(), 1.0))
+        while net.couriers["F"].relaying == 0:  # the first relay is held in F's buffer
+            await asyncio.sleep(0)
+        refused_reply = await net.peers("A").deliver("F", second.blob(), 1.0)
+        gate.set()
+        return await relaying, refused_reply
+
+    first_reply, second_reply = asyncio.run(both())
+
+    assert unpack(second_reply) == ([], ["F: forwarding buffer full"])
+    assert net.couriers["F"].relaying == 0
+    a.transport.acknowledged(first, first_reply)
+    a.transport.acknowledged(second, second_reply)
+    (row,) = {r["transmission_status"] for r in a.transmission_view()}
+    assert row == "ray://F: F: forwarding buffer full"
+    net.couriers["B"].deliver = b_deliver
+    net.later()
+    assert sorted(m.body for m in take(b, "TargetQ")) == [b"a0", b"a1", b"b0", b"b1"]
+    assert a.transmission_view() == []
+
+
+def test_a_batch_larger_than_an_idle_forwarders_buffer_still_passes(net):
+    a, b, _ = _forwarding_pair(net, buffer=1)
+    begin(a, b"m0", b"m1", b"m2")
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1", b"m2"]
+    assert a.transmission_view() == []
