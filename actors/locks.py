@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,17 @@ class QueueIndex:
         return group in self._key
 
 
+class Turn:
+    """One RECEIVE call. However many groups it locked, rolling them back (by rollback, lease
+    expiry or the holder's death) is one failed turn for poison counting: Service Broker counts
+    rolled-back transactions, and one receive is one transaction."""
+
+    __slots__ = ("counted",)
+
+    def __init__(self) -> None:
+        self.counted = False  # this turn's rollback has been counted toward poison
+
+
 @dataclass
 class Lock:
     """A conversation group held by one receiver until commit or rollback."""
@@ -85,11 +97,13 @@ class Lock:
     last_id: int
     count: int
     received_at: float
+    turn: Turn = field(default_factory=Turn)
     audit: list[Any] = field(default_factory=list)
 
 
 class LockTable:
-    """Leases on conversation groups. Lock ids are unique across broker restarts."""
+    """Leases on conversation groups. Lock ids are unique across broker restarts and carry 64
+    random bits, so a lock can be settled only by whoever was handed its id."""
 
     def __init__(self, default_lease_s: float = 30.0) -> None:
         self.default_lease_s = default_lease_s
@@ -112,10 +126,11 @@ class LockTable:
         first_id: int,
         last_id: int,
         count: int,
+        turn: Turn | None = None,
     ) -> Lock:
         assert group not in self.by_group, "group already locked"
         lock = Lock(
-            lock_id=f"{self._prefix}-{next(self._seq)}",
+            lock_id=f"{self._prefix}-{next(self._seq)}-{secrets.token_hex(8)}",
             group=group,
             queue=queue,
             owner=owner,
@@ -125,6 +140,7 @@ class LockTable:
             last_id=last_id,
             count=count,
             received_at=now,
+            turn=turn or Turn(),
         )
         self.by_id[lock.lock_id] = lock
         self.by_group[group] = lock

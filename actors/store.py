@@ -176,6 +176,13 @@ class Store:
     def delete_groups(self, nos: Iterable[int]) -> None:
         self.db.executemany("DELETE FROM groups WHERE no=?", ((n,) for n in nos))
 
+    def delete_empty_groups(self, nos: Iterable[int]) -> list[int]:
+        """Delete those of the groups `nos` that hold no message rows; returns which."""
+        held = "SELECT 1 FROM messages WHERE group_no=? LIMIT 1"
+        empty = [n for n in nos if self.db.execute(held, (n,)).fetchone() is None]
+        self.delete_groups(empty)
+        return empty
+
     # --- endpoints -------------------------------------------------------------------------------
 
     def load_endpoints(self) -> list[tuple[Any, ...]]:

@@ -12,7 +12,7 @@ from .. import audit, checks
 from ..catalog import Queue, to_record
 from ..envelope import Op, ReceivedGroup
 from ..errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
-from ..locks import Lock
+from ..locks import Lock, Turn
 from .conversations import Conversations
 from .work import Arrived, Changes, Part, Removed, UnitOfWork
 
@@ -53,6 +53,7 @@ class Receiving(Part):
             return [self._take(lock, rows)]
         target = self._target_group(queue, group_id, handle)
         out: list[ReceivedGroup] = []
+        turn = Turn()
         while len(out) < max_groups:
             if target is not None:
                 key = idx.take(target)
@@ -70,7 +71,7 @@ class Receiving(Part):
             if not rows:  # the index was ahead of the store; it is now corrected
                 idx.remove(g, idx.pending.get(g, 0))
                 continue
-            lock = st.locks.acquire(g, queue, owner, now, lease_s, key, rows[0][0], 0, 0)
+            lock = st.locks.acquire(g, queue, owner, now, lease_s, key, rows[0][0], 0, 0, turn)
             out.append(self._take(lock, rows))
             if target is not None:
                 break
@@ -104,6 +105,11 @@ class Receiving(Part):
         for no in {r[1] for r in rows}:
             ep = eps[no]
             infos[no] = (ep.handle, ep.conversation_id, ep.service, ep.far_service, ep.contract)
+        if len(infos) > 1:  # one conversation's messages before the next, each in sequence
+            first: dict[int, int] = {}
+            for i, r in enumerate(rows):
+                first.setdefault(r[1], i)
+            rows = sorted(rows, key=lambda r: (first[r[1]], r[2]))
         g = self.state.groups[lock.group]
         return ReceivedGroup(g.group_id, lock.lock_id, self.store.group_state(g.no), infos, rows)
 
@@ -220,11 +226,15 @@ class Receiving(Part):
             self.uow.notify(lk.queue)
 
     def rollback(self, locks: Sequence[Lock], why: str) -> None:
-        """Return locked groups' messages to their queues; count rollbacks toward poison."""
+        """Return locked groups' messages to their queues; count rollbacks toward poison, once
+        per receive however many of its groups roll back (see `Turn`)."""
         if not locks:
             return
         self._release(locks, committed=False)
         for lk in locks:
+            if lk.turn.counted:
+                continue
+            lk.turn.counted = True
             q = self.state.catalog.queues.get(lk.queue)
             if q is None or not q.enabled:
                 continue

@@ -63,7 +63,8 @@ class BrokerState:
         self.endpoints: dict[int, Endpoint] = {}
         self.handles: dict[str, Endpoint] = {}
         self.conversations: dict[tuple[str, bool], Endpoint] = {}  # (id, is_initiator)
-        self.timers: list[Due] = []
+        self.timers: list[Due] = []  # a heap; entries no longer current are skipped
+        self._current: dict[tuple[int, str], float] = {}  # (endpoint, kind) -> its due time
         for row in store.load_endpoints():
             ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:])
             self.add_endpoint(ep)
@@ -131,6 +132,7 @@ class BrokerState:
         g = self.groups.pop(no, None)
         if g is not None:
             self.group_nos.pop(g.group_id, None)
+            self.cache.drop(no)
 
     def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.no] = ep
@@ -139,6 +141,7 @@ class BrokerState:
         self.groups[ep.group_no].members += 1
 
     def drop_endpoint(self, ep: Endpoint) -> None:
+        self.forget_schedule(ep.no)
         self.endpoints.pop(ep.no, None)
         self.handles.pop(ep.handle, None)
         self.conversations.pop((ep.conversation_id, ep.is_initiator), None)
@@ -180,14 +183,47 @@ class BrokerState:
     # --- timers ----------------------------------------------------------------------------------
 
     def schedule(self, ep: Endpoint) -> None:
-        for at, kind in ((ep.timer_at, "timer"), (ep.expires_at, "lifetime")):
-            if at is not None:
-                heapq.heappush(self.timers, Due(at, ep.no, kind))
-        if ep.closed_at is not None:
-            self.schedule_purge(ep.no, ep.closed_at + self.limits.closed_retention_s)
+        """(Re)schedule what `ep` has due: its timer, its lifetime and, once closed, its purge."""
+        purge_at = None if ep.closed_at is None else ep.closed_at + self.limits.closed_retention_s
+        for at, kind in ((ep.timer_at, "timer"), (ep.expires_at, "lifetime"), (purge_at, "purge")):
+            if at is None:
+                self._current.pop((ep.no, kind), None)
+            else:
+                self.schedule_purge(ep.no, at, kind)
 
     def schedule_purge(self, ep_no: int, at: float, kind: str = "purge") -> None:
+        if self._current.get((ep_no, kind)) == at:
+            return
+        self._current[(ep_no, kind)] = at
         heapq.heappush(self.timers, Due(at, ep_no, kind))
+        if len(self.timers) > 2 * len(self._current) + 64:
+            # Re-arming leaves stale entries behind: drop them so memory follows live timers.
+            self.timers = [d for d in self.timers if self._is_current(d)]
+            heapq.heapify(self.timers)
+
+    def _is_current(self, d: Due) -> bool:
+        return self._current.get((d.endpoint_no, d.kind)) == d.at
+
+    def pop_due(self, now: float) -> list[Due]:
+        """Take every current entry due by `now` off the schedule."""
+        due = []
+        while self.timers and self.timers[0].at <= now:
+            d = heapq.heappop(self.timers)
+            if self._is_current(d):
+                del self._current[(d.endpoint_no, d.kind)]
+                due.append(d)
+        return due
+
+    def unpop(self, due: list[Due]) -> None:
+        """Put entries back (firing them failed; they fire on a later tick)."""
+        for d in due:
+            self.schedule_purge(d.endpoint_no, d.at, d.kind)
+
+    def forget_schedule(self, ep_no: int) -> None:
+        for kind in ("timer", "lifetime", "purge", "purge-retry"):
+            self._current.pop((ep_no, kind), None)
 
     def next_due(self) -> float | None:
+        while self.timers and not self._is_current(self.timers[0]):
+            heapq.heappop(self.timers)
         return self.timers[0].at if self.timers else None

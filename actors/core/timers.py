@@ -3,8 +3,6 @@ pruning of bounded tables. `tick` fires whatever is due and says when to look ag
 
 from __future__ import annotations
 
-import heapq
-
 from ..catalog import DIALOG_TIMER
 from ..dialogs import LIFETIME_EXPIRED, State
 from .delivery import Delivery
@@ -28,8 +26,7 @@ class Timers(Part):
         st = self.state
         now = self.uow.clock()
         due: list[Due] = []
-        while st.timers and st.timers[0].at <= now:
-            d = heapq.heappop(st.timers)
+        for d in st.pop_due(now):
             ep = st.endpoints.get(d.endpoint_no)
             if ep is None:
                 continue
@@ -44,8 +41,7 @@ class Timers(Part):
             try:
                 self.uow.run(lambda w: self._fire(w, due))
             except Exception:
-                for d in due:  # not lost: they fire on a later tick
-                    heapq.heappush(st.timers, d)
+                st.unpop(due)  # not lost: they fire on a later tick
                 raise
         expired = st.locks.expired(now)
         if expired:
@@ -59,7 +55,6 @@ class Timers(Part):
 
     def _fire(self, w: Changes, due: list[Due]) -> None:
         st, delivery = self.state, self.delivery
-        purged: set[int] = set()
         for d in due:
             ep = st.endpoints[d.endpoint_no]
             if d.kind == "timer" and ep.state is not State.CLOSED:
@@ -81,16 +76,6 @@ class Timers(Part):
                 delivery.remove_messages(w, ep)
                 self.store.delete_endpoint_transmission(ep.no)
                 w.dead_endpoints.append(ep)
-                purged.add(ep.group_no)
-        empty = [
-            g
-            for g in purged
-            if st.groups[g].members == sum(1 for ep in w.dead_endpoints if ep.group_no == g)
-            and not st.index_of(g).pending.get(g)
-        ]
-        if empty:
-            self.store.delete_groups(empty)
-            w.after.append(lambda: [st.forget_group(g) for g in empty])
 
     def _prune(self, w: Changes) -> None:
         limits = self.state.limits

@@ -11,6 +11,7 @@ nothing twice.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -132,6 +133,16 @@ class UnitOfWork:
         for undo in reversed(w.undo):
             undo()
 
+    def _drop_emptied_groups(self, w: Changes) -> None:
+        """A conversation group goes with its last conversation (END WITH CLEANUP, or a closed
+        dialog purged), once no message of it is left: memory and store stay bounded."""
+        st = self.state
+        dying = Counter({ep.no: ep.group_no for ep in w.dead_endpoints}.values())
+        gone = [g for g, n in dying.items() if g in st.groups and st.groups[g].members <= n]
+        if gone:
+            empty = self.store.delete_empty_groups(gone)
+            w.after.append(lambda: [st.forget_group(g) for g in empty])
+
     def _write(self, w: Changes) -> None:
         st, store = self.state, self.store
         if w.new_groups:
@@ -143,6 +154,7 @@ class UnitOfWork:
             store.upsert_endpoints(ep.row() for ep in changed)
         if dead:
             store.delete_endpoints(dead)
+            self._drop_emptied_groups(w)
         if w.messages:
             store.insert_messages(w.messages)
         if w.transmission:

@@ -37,6 +37,25 @@ def test_receive_returns_all_waiting_messages_of_exactly_one_group_and_locks_it(
     ]
 
 
+def test_receive_returns_one_conversations_messages_before_the_next_each_in_sequence(
+    core, open_dialog
+):
+    d1 = open_dialog(core, related_group="orders-1")
+    d2 = open_dialog(core, related_group="orders-1")
+    core.apply(
+        [Send(t, "Reply", body) for t, body in [(d2.target, b"b1"), (d1.target, b"a1")]]
+        + [Send(t, "Reply", body) for t, body in [(d2.target, b"b2"), (d1.target, b"a2")]]
+    )
+
+    (got,) = core.receive("InitQ")
+
+    convs = [m.conversation_handle for m in got.messages]
+    assert convs == [d2.init, d2.init, d1.init, d1.init]  # first to arrive goes first
+    assert bodies(got) == [b"b1", b"b2", b"a1", b"a2"]
+    assert core.settle(commit=[got.lock_id])["committed"] == 4
+    assert core.depth("InitQ") == (0, 4)
+
+
 def test_receive_top_n_takes_only_the_first_n_messages_and_the_rest_come_after_commit(
     core, open_dialog
 ):
@@ -208,7 +227,7 @@ def _reply_in_order(core, replies):
     core.settle(commit=[g.lock_id for g in got], ops=[Send(h, "Reply", b) for h, b in replies])
 
 
-def test_conversations_begun_with_related_conversation_share_a_group_and_arrive_in_order(
+def test_conversations_begun_with_related_conversation_share_a_group_received_by_conversation(
     core, open_dialog
 ):
     d1 = open_dialog(core)
@@ -220,8 +239,8 @@ def test_conversations_begun_with_related_conversation_share_a_group_and_arrive_
     assert len(got) == 1
     assert [(m.conversation_handle, m.body) for m in got[0].messages] == [
         (d2.init, b"2a"),
-        (d1.init, b"1a"),
         (d2.init, b"2b"),
+        (d1.init, b"1a"),
     ]
 
 
@@ -368,6 +387,80 @@ def test_altering_a_poisoned_queue_to_enabled_makes_it_receivable_again(core, op
     assert core.queues_view()["PoisonQ"]["rollbacks_in_a_row"] == 0
     (got,) = core.receive("PoisonQ")
     assert bodies(got) == [b"m"]
+
+
+def _rollbacks(core):
+    return core.queues_view()["PoisonQ"]["rollbacks_in_a_row"]
+
+
+def test_a_multi_group_receive_rolled_back_counts_as_one_failed_turn(core, open_dialog):
+    for _ in range(8):
+        open_dialog(core, to="Poison")
+
+    for turn in (1, 2):
+        got = core.receive("PoisonQ", max_groups=8)
+        assert len(got) == 8
+        core.settle(rollback=[g.lock_id for g in got])
+        assert _rollbacks(core) == turn  # not 8 per turn: the limit is 3
+
+    assert core.queues_view()["PoisonQ"]["enabled"] is True
+
+
+def test_a_multi_group_turn_rolled_back_in_pieces_still_counts_once(core, open_dialog):
+    for _ in range(4):
+        open_dialog(core, to="Poison")
+    got = core.receive("PoisonQ", max_groups=4)
+
+    for g in got:
+        core.settle(rollback=[g.lock_id])
+
+    assert _rollbacks(core) == 1
+
+
+def test_a_multi_group_lease_that_lapses_counts_once(core, core_clock, open_dialog):
+    for _ in range(8):
+        open_dialog(core, to="Poison")
+    core.receive("PoisonQ", max_groups=8, lease_s=5)
+
+    core_clock.advance(5)
+    core.tick()
+
+    assert _rollbacks(core) == 1
+    assert len(core.receive("PoisonQ", max_groups=8)) == 8
+
+
+def test_a_dead_holder_of_many_groups_counts_once(core, open_dialog):
+    for _ in range(8):
+        open_dialog(core, to="Poison")
+    core.receive("PoisonQ", max_groups=8, owner="reader-1")
+
+    assert core.release_owner("reader-1") == 8
+
+    assert _rollbacks(core) == 1
+    assert core.queues_view()["PoisonQ"]["enabled"] is True
+
+
+def test_separate_receives_rolled_back_count_separately_up_to_the_limit(core, open_dialog):
+    for _ in range(3):
+        open_dialog(core, to="Poison")
+    turns = [core.receive("PoisonQ") for _ in range(3)]
+
+    core.settle(rollback=[g.lock_id for (g,) in turns])
+
+    assert core.queues_view()["PoisonQ"]["enabled"] is False
+
+
+def test_lock_ids_are_not_guessable_from_one_another(core, open_dialog):
+    for _ in range(2):
+        open_dialog(core)
+    a, b = core.receive("TargetQ", max_groups=2)
+    guess = a.lock_id.rsplit("-", 1)[0][:-1] + "2"  # the next counter, without the random part
+
+    assert b.lock_id.startswith(guess + "-")  # same prefix and counter ...
+    assert b.lock_id != guess  # ... but the counter alone is not the id
+    with pytest.raises(LockNotHeld):
+        core.settle(commit=[guess])
+    assert core.settle(commit=[b.lock_id])["committed"] == 1
 
 
 # --- leases and owners -------------------------------------------------------------------------
