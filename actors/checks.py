@@ -65,3 +65,27 @@ def page(after_id: Any, limit: Any) -> None:
     """A view's cursor and page size."""
     whole("after_id", after_id)
     whole("limit", limit, least=1)
+
+
+def items(what: str, value: Any) -> list[Any]:
+    """A list, tuple or other iterable of items (not a string, bytes or mapping), as a list."""
+    if isinstance(value, str | bytes | bytearray | dict) or not hasattr(value, "__iter__"):
+        raise InvalidArgument(f"{what} must be a list, not {type(value).__name__}")
+    return list(value)
+
+
+def states(value: Any) -> dict[str, bytes | None]:
+    """Group states to write at commit: {group_id: bytes or None}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(
+            f"states must be a dict of group id -> bytes, not {type(value).__name__}"
+        )
+    for gid, state in value.items():
+        if not isinstance(gid, str) or not (state is None or isinstance(state, bytes)):
+            raise InvalidArgument(
+                f"states must map group ids (str) to bytes or None, not {gid!r}: "
+                f"{type(state).__name__}"
+            )
+    return dict(value)

@@ -102,7 +102,7 @@ _TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
 
 def pack_ops(ops: Sequence[Op]) -> bytes:
     out: list[list[Any]] = []
-    for op in ops:
+    for op in checks.items("ops", ops):
         tag = _TAGS.get(type(op))
         if tag is None:
             raise InvalidArgument(f"{op!r} is not an operation; use Begin, Send, End or Timer")

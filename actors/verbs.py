@@ -25,7 +25,7 @@ def lock_ids(groups: Iterable[LockRef] | LockRef) -> list[str]:
     if isinstance(groups, ReceivedGroup | str):
         groups = [groups]
     out = []
-    for g in groups:
+    for g in checks.items("groups to commit or roll back", groups):
         if isinstance(g, ReceivedGroup):
             out.append(g.lock_id)
         elif isinstance(g, str):
@@ -191,7 +191,7 @@ class Verbs:
         settle = None
         commit, rollback = lock_ids(commit), lock_ids(rollback)
         if commit or rollback or ops or states:
-            settle = (commit, rollback, pack_ops(ops), dict(states or {}), new_request_id())
+            settle = (commit, rollback, pack_ops(ops), checks.states(states), new_request_id())
         return self._call(
             "receive", queue, wait, options, self._owner(), settle, reader, post=unpack_received
         )
@@ -228,7 +228,7 @@ class Verbs:
             lock_ids(commit),
             lock_ids(rollback),
             pack_ops(ops),
-            dict(states or {}),
+            checks.states(states),
             _request_id(request_id),
         )
 

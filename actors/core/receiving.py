@@ -165,14 +165,12 @@ class Receiving(Part):
         committing = self.held(commit)
         rolling = self.held(rollback)
         by_gid = {st.groups[lk.group].group_id: lk for lk in committing}
-        states = dict(states or {})
+        states = checks.states(states)
         for gid in states:
             if gid not in by_gid:
                 raise LockNotHeld(
                     f"state for conversation group {gid!r} needs that group's lock in `commit`"
                 )
-            if states[gid] is not None and not isinstance(states[gid], bytes):
-                raise InvalidArgument("group state must be bytes or None")
 
         def fn(w: Changes) -> dict[str, Any]:
             records = []
