@@ -36,10 +36,10 @@ class BrokerActor(BrokerService):
 
     async def holder_alive(self, handle: Any) -> bool | None:
         try:
-            await asyncio.wait_for(handle.__ray_ready__.remote(), 5.0)
+            await asyncio.wait_for(handle[0], 5.0)
         except TimeoutError:
-            return None  # busy, not dead; its lease still bounds it
-        except ray.exceptions.RayError:
+            return None  # cannot tell now; its lease still bounds it
+        except ray.exceptions.OwnerDiedError:
             return False
         return True
 
@@ -49,3 +49,7 @@ class BrokerActor(BrokerService):
         except ValueError:
             return False
         return True
+        """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its
+        owner dies."""
+        except ray.exceptions.RayError:
+            return None

@@ -25,11 +25,25 @@ STOP_WAIT_S = 30.0  # how long `stop` waits for Ray to release a killed broker's
 _TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
-def _caller_actor() -> tuple[str, Any] | None:
-    """When called inside an actor, that actor holds the locks (so its death releases them)."""
+_token: tuple[str, ray.ObjectRef] | None = None  # (worker id, a token object it owns)
+
+
+def lock_holder() -> tuple[str, list[ray.ObjectRef]]:
+    """Who holds the locks this process takes, and how the broker tells that it died.
+
+    The id names this worker process: a driver, a task's worker or an actor's current
+    incarnation (a restarted actor is a new holder, so its old locks are not mistaken for its
+    own). The token is a small object this process owns: Ray loses an object whose owner died,
+    so the broker awaiting it learns of the death (OwnerDiedError) within about a second, for
+    drivers, tasks and actors alike. It travels in a list so Ray passes it unresolved."""
+    global _token
     ctx = ray.get_runtime_context()
-    actor_id = ctx.get_actor_id()
-    return (actor_id, ctx.current_actor) if actor_id else None
+    worker = ctx.get_worker_id()
+    if _token is None or _token[0] != worker:
+        _token = (worker, ray.put(b""))
+    actor = ctx.get_actor_id()
+    holder = f"actor-{actor}-{worker[:8]}" if actor else f"worker-{worker[:16]}"
+    return holder, [_token[1]]
 
 
 def _reraise(exc: ray.exceptions.RayTaskError) -> None:
@@ -78,7 +92,7 @@ class Broker(Verbs):
         return Broker, (self.actor, self.name, self.namespace, self.retry_s)
 
     def _owner(self) -> tuple[str, Any] | None:
-        return _caller_actor()
+        return lock_holder()
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         backoff = _Backoff(self.name, self.retry_s)
@@ -130,7 +144,7 @@ class AsyncBroker(Verbs):
         self.name = sync.name
 
     def _owner(self) -> tuple[str, Any] | None:
-        return _caller_actor()
+        return lock_holder()
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         backoff = _Backoff(self.name, self._sync.retry_s)

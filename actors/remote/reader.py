@@ -10,10 +10,9 @@ import dataclasses
 import time
 from typing import Any
 
-import ray
-
 from ..activation import read_until_idle
 from ..catalog import Activation, resolve_handler
+from .client import lock_holder
 
 
 class ReaderActor:
@@ -21,9 +20,8 @@ class ReaderActor:
         self.broker = broker  # an actors.remote.client.Broker
 
     def actor_id(self) -> str:
-        """This actor's id: the owner its locks are held under, which the broker releases if the
-        actor dies."""
-        return ray.get_runtime_context().get_actor_id()
+        """The holder its locks are held under, which the broker releases if the actor dies."""
+        return lock_holder()[0]
 
     async def run(self, queue: str, reader_id: str, activation: dict[str, Any]) -> dict[str, Any]:
         act = Activation(**activation)
