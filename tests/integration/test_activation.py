@@ -136,6 +136,23 @@ def test_a_killed_reader_loses_and_doubles_nothing_over_ten_thousand_messages(ma
     assert broker.queues()["WorkQueue"]["depth"] == 0
 
 
+def test_a_killed_reader_holding_eight_groups_is_one_failed_turn_under_the_default_activation(
+    broker,
+):
+    define(broker, Activation("tests.integration.activation_handlers:hang"))  # defaults
+    assert Activation("x").max_groups == 8 and Queue("Q").poison_limit == 5
+    send_stream(broker, dialogs=20, per_dialog=1)
+    wait_until(lambda: broker.queues()["WorkQueue"]["locked_groups"] == 8, what="8 groups held")
+    (victim,) = ray.get(broker.actor.reader_actors.remote("WorkQueue"))
+
+    ray.kill(victim)
+
+    wait_until(lambda: broker.queues()["WorkQueue"]["rollbacks_in_a_row"] == 1, what="the rollback")
+    q = broker.queues()["WorkQueue"]
+    assert q["enabled"] is True and q["depth"] == 20  # one failed turn, not eight; nothing lost
+    broker.alter(Queue, "WorkQueue", activation={"enabled": False})
+
+
 def test_a_failing_handler_hits_the_poison_limit_and_disables_the_queue(broker):
     define(
         broker,
