@@ -35,12 +35,16 @@ class BrokerActor(BrokerService):
         )
 
     async def holder_alive(self, handle: Any) -> bool | None:
+        """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its
+        owner dies."""
         try:
             await asyncio.wait_for(handle[0], 5.0)
         except TimeoutError:
             return None  # cannot tell now; its lease still bounds it
         except ray.exceptions.OwnerDiedError:
             return False
+        except ray.exceptions.RayError:
+            return None
         return True
 
     def broker_exists(self, name: str) -> bool:
@@ -49,7 +53,3 @@ class BrokerActor(BrokerService):
         except ValueError:
             return False
         return True
-        """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its
-        owner dies."""
-        except ray.exceptions.RayError:
-            return None
