@@ -6,17 +6,16 @@ Plain Python, no Ray. `Catalog` is the registry one broker holds; every change g
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 import math
 import re
 import types
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-import msgpack
-
+from .bodies import MAX_DEFINITION_DEPTH, BodyValidator, shown, too_deep
 from .errors import (
     AlreadyExists,
     InUse,
@@ -25,7 +24,6 @@ from .errors import (
     UnknownMessageType,
     UnknownQueue,
     UnknownService,
-    ValidationFailed,
 )
 
 VALIDATIONS = ("none", "empty", "json", "msgpack", "json_schema")
@@ -43,14 +41,15 @@ SYSTEM_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})
 DEFAULT = "DEFAULT"
 ECHO_CONTRACT = "Echo"
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]{0,127}")
 
 
 def check_name(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    # fullmatch: with match and "$" a trailing newline passed ("Q\n" matched "^Q$")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidDefinition(
-            f"{kind} name {name!r} is not valid: use 1-128 characters from letters, digits and "
-            "_ . : / - (not starting with punctuation)"
+            f"{kind} name {shown(name)} is not valid: use 1-128 characters from letters, digits "
+            "and _ . : / - (not starting with punctuation; no spaces or newlines)"
         )
     return name
 
@@ -178,75 +177,52 @@ def kind_of(defn: Definition) -> str:
 
 
 def to_record(defn: Definition) -> dict[str, Any]:
-    """A JSON-ready dict of a definition (what the store keeps)."""
+    """A JSON-ready dict of a definition (what the store keeps). A value of the wrong type is left
+    as it is, for `Catalog.check_valid` to refuse with a clear message."""
+    check_form(defn)
     rec = asdict(defn)
     if isinstance(defn, Contract):
-        rec["messages"] = dict(defn.messages)
-    if isinstance(defn, Service):
+        with contextlib.suppress(TypeError, ValueError):  # not pairs: check_valid says so
+            rec["messages"] = dict(defn.messages)
+    if isinstance(defn, Service) and isinstance(defn.contracts, list | tuple | set | frozenset):
         rec["contracts"] = list(defn.contracts)
     return rec
 
 
 def from_record(kind: str, rec: Mapping[str, Any]) -> Definition:
-    cls = KINDS.get(kind)
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise InvalidDefinition(f"unknown definition kind {kind!r}; use one of {sorted(KINDS)}")
+        raise InvalidDefinition(
+            f"unknown definition kind {shown(kind)}; use one of {sorted(KINDS)}"
+        )
+    if not isinstance(rec, Mapping) or too_deep(rec, MAX_DEFINITION_DEPTH + 1):
+        raise InvalidDefinition(
+            f"a {kind} definition is a dict of its fields, nested at most "
+            f"{MAX_DEFINITION_DEPTH} levels; got {shown(rec)}"
+        )
     rec = dict(rec)
-    if cls is Service:
-        rec["contracts"] = tuple(rec.get("contracts", ()))
+    if cls is Service and isinstance(rec.get("contracts"), list | tuple):
+        rec["contracts"] = tuple(rec["contracts"])
     try:
         if cls is Queue and isinstance(rec.get("activation"), Mapping):
             rec["activation"] = Activation(**rec["activation"])
         return cls(**rec)
     except TypeError as exc:
-        raise InvalidDefinition(f"bad {kind} definition {rec!r}: {exc}") from None
+        raise InvalidDefinition(f"bad {kind} definition {shown(rec)}: {exc}") from None
 
 
-class BodyValidator:
-    """Validates bodies for one message type; built once per type so schemas compile once."""
-
-    def __init__(self, mt: MessageType) -> None:
-        self.name = mt.name
-        self.kind = mt.validation
-        self._schema = None
-        if mt.validation == "json_schema":
-            import jsonschema  # imported lazily: only schema-validated types pay for it
-
-            cls = jsonschema.validators.validator_for(mt.schema)
-            try:
-                cls.check_schema(mt.schema)
-            except jsonschema.SchemaError as exc:
-                raise InvalidDefinition(
-                    f"message type {mt.name!r} has an invalid JSON schema: {exc.message}"
-                ) from None
-            self._schema = cls(mt.schema)
-
-    def check(self, body: bytes) -> None:
-        kind = self.kind
-        if kind == "none":
-            return
-        if kind == "empty":
-            if body:
-                self._fail(f"must be empty, got {len(body)} bytes")
-            return
-        if kind == "msgpack":
-            try:
-                msgpack.unpackb(body, raw=False, strict_map_key=False)
-            except Exception as exc:  # msgpack raises several unrelated types
-                self._fail(f"is not well-formed msgpack ({exc})")
-            return
-        try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._fail(f"is not well-formed JSON ({exc})")
-        if self._schema is not None:
-            err = next(iter(self._schema.iter_errors(doc)), None)
-            if err is not None:
-                where = "/".join(str(p) for p in err.absolute_path) or "(root)"
-                self._fail(f"does not match its JSON schema at {where}: {err.message}")
-
-    def _fail(self, why: str) -> None:
-        raise ValidationFailed(f"body of message type {self.name!r} {why}")
+def check_form(defn: Definition) -> None:
+    """What can be checked of a definition alone, cheaply, on either side of a call: its name,
+    and that no field nests deeper than MAX_DEFINITION_DEPTH (which nothing needs, and which
+    would make copying, storing or printing it recurse without bound)."""
+    kind = kind_of(defn).replace("_", " ")
+    check_name(kind, defn.name)
+    for f in fields(defn):
+        if too_deep(getattr(defn, f.name), MAX_DEFINITION_DEPTH):
+            raise InvalidDefinition(
+                f"{kind} {defn.name!r}: {f.name} nests lists/dicts more than "
+                f"{MAX_DEFINITION_DEPTH} levels deep; flatten it"
+            )
 
 
 class Catalog:
@@ -284,21 +260,21 @@ class Catalog:
 
     def check_new(self, defn: Definition) -> None:
         kind = kind_of(defn)
+        check_form(defn)  # before the lookup: a name may be unhashable
         if defn.name in self._table(kind):
             raise AlreadyExists(kind.replace("_", " "), defn.name)
         self.check_valid(defn)
 
     def check_valid(self, defn: Definition) -> None:
         """Raise if the definition is malformed or refers to what does not exist."""
-        kind = kind_of(defn)
-        check_name(kind.replace("_", " "), defn.name)
+        check_form(defn)
         if isinstance(defn, MessageType):
             if defn.name in SYSTEM_TYPES:
                 raise InvalidDefinition(f"{defn.name!r} is a system message type name; rename it")
             if defn.validation not in VALIDATIONS:
                 raise InvalidDefinition(
-                    f"message type {defn.name!r}: validation {defn.validation!r} is not one of "
-                    f"{', '.join(VALIDATIONS)}"
+                    f"message type {defn.name!r}: validation {shown(defn.validation)} is not "
+                    f"one of {', '.join(VALIDATIONS)}"
                 )
             if (defn.validation == "json_schema") != (defn.schema is not None):
                 raise InvalidDefinition(
@@ -317,6 +293,11 @@ class Catalog:
                     f"contract {defn.name!r} must map at least one message type to a side"
                 )
             for mt, side in defn.messages.items():
+                if not isinstance(mt, str) or not isinstance(side, str):
+                    raise InvalidDefinition(
+                        f"contract {defn.name!r} maps message type names to sides (strings), "
+                        f"not {shown(mt)}: {shown(side)}"
+                    )
                 if mt in SYSTEM_TYPES:
                     raise InvalidDefinition(
                         f"contract {defn.name!r}: system message {mt!r} is always allowed; "
@@ -326,7 +307,7 @@ class Catalog:
                     raise UnknownMessageType(mt, f"contract {defn.name!r} names it")
                 if side not in SIDES:
                     raise InvalidDefinition(
-                        f"contract {defn.name!r}: message type {mt!r} has side {side!r}; use "
+                        f"contract {defn.name!r}: message type {mt!r} has side {shown(side)}; use "
                         "'initiator', 'target' or 'any'"
                     )
         elif isinstance(defn, Queue):
@@ -334,7 +315,7 @@ class Catalog:
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
                 raise InvalidDefinition(
                     f"queue {defn.name!r}: poison_limit must be an int >= 0 (0 turns poison "
-                    f"detection off), got {defn.poison_limit!r}"
+                    f"detection off), got {shown(defn.poison_limit)}"
                 )
             for flag in ("enabled", "retention"):
                 if not isinstance(getattr(defn, flag), bool):
@@ -342,11 +323,18 @@ class Catalog:
             if defn.activation is not None:
                 check_activation(defn.name, defn.activation)
         elif isinstance(defn, Service):
+            if not isinstance(defn.queue, str):
+                raise InvalidDefinition(
+                    f"service {defn.name!r}: queue must be a queue's name, not {shown(defn.queue)}"
+                )
             if defn.queue not in self.queues:
                 raise UnknownQueue(defn.queue, f"service {defn.name!r} names it")
-            if isinstance(defn.contracts, str):
+            if not isinstance(defn.contracts, tuple | list) or not all(
+                isinstance(c, str) for c in defn.contracts
+            ):
                 raise InvalidDefinition(
-                    f"service {defn.name!r}: contracts must be a list of names, not a string"
+                    f"service {defn.name!r}: contracts must be a list of contract names, not "
+                    f"{shown(defn.contracts)}"
                 )
             for c in defn.contracts:
                 if c not in self.contracts:
@@ -357,6 +345,11 @@ class Catalog:
         old = self.get(kind, name)
         if (kind, name) in self.BUILTIN:
             raise InvalidDefinition(f"built-in {kind.replace('_', ' ')} {name!r} cannot change")
+        if not isinstance(changes, Mapping) or too_deep(changes, MAX_DEFINITION_DEPTH + 1):
+            raise InvalidDefinition(
+                f"changes to {kind} {name!r} are field=value pairs, nested at most "
+                f"{MAX_DEFINITION_DEPTH} levels; got {shown(changes)}"
+            )
         if isinstance(changes.get("contracts"), str):
             raise InvalidDefinition(
                 f"service {name!r}: contracts must be a list of names, not a string"
@@ -374,8 +367,10 @@ class Catalog:
             try:
                 new = replace(new, activation=replace(base, **act) if base else Activation(**act))
             except TypeError as exc:
-                raise InvalidDefinition(f"queue {name!r}: bad activation {act!r}: {exc}") from None
-        if isinstance(new, Service) and not isinstance(new.contracts, tuple):
+                raise InvalidDefinition(
+                    f"queue {name!r}: bad activation {shown(act)}: {exc}"
+                ) from None
+        if isinstance(new, Service) and isinstance(new.contracts, list):
             new = replace(new, contracts=tuple(new.contracts))
         if isinstance(new, Contract):
             raise InvalidDefinition(
@@ -408,7 +403,8 @@ class Catalog:
     def add(self, defn: Definition) -> None:
         self._table(kind_of(defn))[defn.name] = defn
         if isinstance(defn, MessageType):
-            self._validators[defn.name] = BodyValidator(defn)
+            # checked strictly before (check_valid); a stored one is taken as it was accepted
+            self._validators[defn.name] = BodyValidator(defn, strict=False)
 
     def remove(self, kind: str, name: str) -> None:
         del self._table(kind)[name]
@@ -425,8 +421,11 @@ class Catalog:
     }
 
     def get(self, kind: str, name: str) -> Any:
-        if kind not in KINDS:
-            raise InvalidDefinition(f"unknown definition kind {kind!r}; use one of {sorted(KINDS)}")
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise InvalidDefinition(
+                f"unknown definition kind {shown(kind)}; use one of {sorted(KINDS)}"
+            )
+        check_name(kind.replace("_", " "), name)  # also keeps an unhashable name off the dict
         try:
             return self._table(kind)[name]
         except KeyError:
@@ -442,6 +441,8 @@ class Catalog:
         return self.get("contract", name)
 
     def validator(self, message_type: str) -> BodyValidator:
+        if not isinstance(message_type, str):
+            raise UnknownMessageType(shown(message_type), "a message type is named by a string")
         try:
             return self._validators[message_type]
         except KeyError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .bodies import shown
 from .errors import InvalidArgument
 
 MAX_SECONDS = float(2**31 - 1)  # about 68 years: Service Broker's lifetimes are INT seconds
@@ -22,11 +23,15 @@ def seconds(what: str, value: Any, *, zero: bool = False, none: bool = False) ->
     if value is None and none:
         return None
     ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+    if ok and isinstance(value, int) and value > MAX_SECONDS:  # isfinite() overflows on a huge int
+        raise InvalidArgument(
+            f"{what} must be at most {MAX_SECONDS:.0f} seconds, not {shown(value)}"
+        )
+    if not ok or value < 0 or (value == 0 and not zero) or not math.isfinite(value):
         bound = ">= 0" if zero else "> 0"
         also = " or None" if none else ""
         raise InvalidArgument(
-            f"{what} must be a finite number of seconds {bound}{also}, not {value!r}"
+            f"{what} must be a finite number of seconds {bound}{also}, not {shown(value)}"
         )
     if value > MAX_SECONDS:
         raise InvalidArgument(f"{what} must be at most {MAX_SECONDS:.0f} seconds, not {value!r}")
@@ -40,7 +45,9 @@ def whole(what: str, value: Any, *, least: int = 0, most: int = INT_MAX, none: b
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok or not least <= value <= most:
         also = " or None" if none else ""
-        raise InvalidArgument(f"{what} must be an int from {least} to {most}{also}, not {value!r}")
+        raise InvalidArgument(
+            f"{what} must be an int from {least} to {most}{also}, not {shown(value)}"
+        )
     return value
 
 

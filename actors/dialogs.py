@@ -14,6 +14,10 @@ from . import checks
 from .catalog import END_DIALOG, ERROR, Contract, may_send
 from .errors import ContractViolation, ConversationEnded, InvalidArgument
 
+# An Error's description, at most: SQL Server's END CONVERSATION takes DESCRIPTION as
+# nvarchar(3000), and an Error body travels to the far side and is stored there.
+MAX_ERROR_DESCRIPTION = 3000
+
 
 class State(StrEnum):
     """Endpoint states, named as in sys.conversation_endpoints."""
@@ -136,10 +140,7 @@ def plan_end(
     """END CONVERSATION [WITH ERROR]. Raises if the endpoint is already ended on this side."""
     if ep.state in (State.DISCONNECTED_OUTBOUND, State.CLOSED):
         raise ConversationEnded(f"conversation {ep.handle} was already ended on this side")
-    if error is not None:
-        checks.whole("error code", error, least=1, most=2**31 - 1)
-        if not isinstance(description, str) or not description:
-            raise InvalidArgument("an error needs a non-empty description")
+    check_error(error, description)
     far_gone = ep.state in (State.DISCONNECTED_INBOUND, State.ERROR) or not far_exists
     if far_gone:
         # The far side has ended (or never existed): nobody to tell, the endpoint closes.
@@ -150,13 +151,48 @@ def plan_end(
     return EndPlan(END_DIALOG, b"", State.DISCONNECTED_OUTBOUND)
 
 
+def check_error(error: object, description: object) -> None:
+    """END CONVERSATION WITH ERROR's arguments: a code from 1 to 2**31-1 (None: no error), and a
+    description, a string of at most MAX_ERROR_DESCRIPTION characters (non-empty with a code)."""
+    checks.whole("error code", error, least=1, most=2**31 - 1, none=True)
+    if not isinstance(description, str):
+        raise InvalidArgument(
+            f"error description must be a string, not {type(description).__name__}"
+        )
+    if len(description) > MAX_ERROR_DESCRIPTION:
+        raise InvalidArgument(
+            f"error description is {len(description):,} characters; at most "
+            f"{MAX_ERROR_DESCRIPTION:,} are allowed (as in SQL Server): shorten it"
+        )
+    if error is not None and not description:
+        raise InvalidArgument("an error needs a non-empty description")
+
+
 def error_body(code: int, description: str) -> bytes:
-    return json.dumps({"code": code, "description": description}).encode()
+    # cut, for the broker's own descriptions (which may quote a refused body's fault)
+    return json.dumps({"code": code, "description": description[:MAX_ERROR_DESCRIPTION]}).encode()
 
 
 def parse_error_body(body: bytes) -> tuple[int, str]:
-    doc = json.loads(body)
-    return int(doc["code"]), str(doc["description"])
+    """(code, description) of an Error body; InvalidArgument if it is not one (a far broker may
+    send anything): JSON with an int code in 32-bit range and a description string."""
+    try:
+        doc = json.loads(body)
+        code, description = doc["code"], doc["description"]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        code = description = None
+    if (
+        not isinstance(code, int)
+        or isinstance(code, bool)
+        or not -(2**31) <= code < 2**31
+        or not isinstance(description, str)
+        or len(description) > MAX_ERROR_DESCRIPTION
+    ):
+        raise InvalidArgument(
+            "an Error body must be JSON with an int code and a description string of at most "
+            f"{MAX_ERROR_DESCRIPTION:,} characters"
+        )
+    return code, description
 
 
 # Error codes the broker itself raises (negative, as Service Broker's are).

@@ -15,9 +15,31 @@ from typing import Any
 import msgpack
 
 from . import checks
-from .catalog import DEFAULT, ERROR
-from .dialogs import parse_error_body
-from .errors import InvalidArgument
+from .bodies import shown
+from .catalog import DEFAULT, ERROR, check_name
+from .dialogs import check_error, parse_error_body
+from .errors import InvalidArgument, InvalidDefinition
+from .routing import check_broker_id
+
+MAX_HANDLE = 200  # characters in a conversation handle or group id a caller chooses
+
+
+def _name(what: str, value: object) -> str:
+    try:
+        return check_name(what, value)
+    except InvalidDefinition as exc:  # an argument to a verb, not a catalog definition
+        raise InvalidArgument(str(exc)) from None
+
+
+def _handle(what: str, value: object, *, none: bool = False) -> None:
+    """A conversation handle or group id: a non-empty string of at most MAX_HANDLE characters."""
+    if value is None and none:
+        return
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_HANDLE:
+        raise InvalidArgument(
+            f"{what} must be a non-empty string of at most {MAX_HANDLE} characters, not "
+            f"{shown(value)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,21 @@ class Begin:
     lifetime: float | None = None
 
     def __post_init__(self) -> None:
+        _name("from_service", self.from_service)
+        _name("to_service", self.to_service)
+        _name("contract", self.contract)
+        _handle("conversation handle", self.handle)
+        _handle("related_conversation", self.related_conversation, none=True)
+        _handle("related_group", self.related_group, none=True)
+        if self.to_broker is not None:
+            if not isinstance(self.to_broker, str):
+                raise InvalidArgument(
+                    f"to_broker must be a broker id (a string), not {type(self.to_broker).__name__}"
+                )
+            try:  # normalised as a route's broker_instance is, so ids compare equal
+                object.__setattr__(self, "to_broker", check_broker_id(self.to_broker))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"to_broker: {exc}") from None
         checks.seconds("dialog lifetime", self.lifetime, none=True)
 
 
@@ -49,10 +86,15 @@ class Send:
     def __init__(
         self, handles: str | Sequence[str], message_type: str, bodies: bytes | Sequence[bytes]
     ) -> None:
-        object.__setattr__(
-            self, "handles", (handles,) if isinstance(handles, str) else tuple(handles)
+        handles = (
+            (handles,) if isinstance(handles, str) else tuple(checks.items("handles", handles))
         )
-        object.__setattr__(self, "message_type", message_type)
+        if not handles:
+            raise InvalidArgument("send needs at least one conversation handle")
+        for handle in handles:
+            _handle("conversation handle", handle)
+        object.__setattr__(self, "handles", handles)
+        object.__setattr__(self, "message_type", _name("message type", message_type))
         if isinstance(bodies, bytes | bytearray):
             bodies = (bodies,)
         elif isinstance(bodies, str) or not isinstance(bodies, Sequence):
@@ -80,8 +122,11 @@ class End:
     cleanup: bool = False
 
     def __post_init__(self) -> None:
-        checks.whole("error code", self.error, least=1, most=2**31 - 1, none=True)
+        _handle("conversation handle", self.handle)
+        check_error(self.error, self.description)
         checks.flag("cleanup", self.cleanup)
+        if self.cleanup and self.error is not None:
+            raise InvalidArgument("end a conversation WITH ERROR or WITH CLEANUP, not both")
 
 
 @dataclass(frozen=True)
@@ -93,11 +138,28 @@ class Timer:
     timeout: float
 
     def __post_init__(self) -> None:
+        _handle("conversation handle", self.handle)
         checks.seconds("timer timeout", self.timeout, zero=True)
 
 
 Op = Begin | Send | End | Timer
 _TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
+_ARITY = {0: 9, 1: 4, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
+
+
+def call_bytes(ops: Sequence[Op]) -> int:
+    """The bytes of the bodies one call carries (each body once, however many handles)."""
+    return sum(len(body) for op in ops if isinstance(op, Send) for body in op.bodies)
+
+
+def check_call_size(ops: Sequence[Op], limit: int) -> None:
+    """Refuse a call whose bodies sum to more than `limit` (a broker's max_call_bytes)."""
+    size = call_bytes(ops)
+    if size > limit:
+        raise InvalidArgument(
+            f"one call carries {size:,} bytes of bodies; the broker's max_call_bytes is "
+            f"{limit:,}: split the operations over several calls, or raise the limit"
+        )
 
 
 def pack_ops(ops: Sequence[Op]) -> bytes:
@@ -128,16 +190,29 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
             out.append([3, op.handle, op.timeout])
     try:
         return msgpack.packb(out, use_bin_type=True)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument(
             f"operations could not be encoded ({exc}); bodies must be bytes"
         ) from None
 
 
 def unpack_ops(blob: bytes) -> list[Op]:
+    """The operations of a call, each checked as the client checked it: a blob another client
+    (or anything else) sent that is not a list of well-formed operations is InvalidArgument."""
+    try:
+        recs = msgpack.unpackb(blob, raw=False) if isinstance(blob, bytes) else None
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise InvalidArgument(f"operations could not be decoded ({type(exc).__name__})") from None
+    if not isinstance(recs, list):
+        raise InvalidArgument("operations must arrive as a msgpack list of operations")
     ops: list[Op] = []
-    for rec in msgpack.unpackb(blob, raw=False):
-        tag = rec[0]
+    for i, rec in enumerate(recs):
+        tag = rec[0] if isinstance(rec, list) and rec else None
+        if type(tag) is not int or len(rec) != _ARITY.get(tag):
+            raise InvalidArgument(
+                f"operation {i} is not an operation: each is [tag, fields...] with tag 0 (Begin), "
+                "1 (Send), 2 (End) or 3 (Timer) and that operation's fields"
+            )
         if tag == 1:
             ops.append(Send(rec[1], rec[2], rec[3]))
         elif tag == 0:

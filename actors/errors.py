@@ -161,7 +161,38 @@ class TopologyError(BrokerError):
 
 
 class StoreError(BrokerError):
-    """The broker's store could not be opened or written."""
+    """The broker's store could not be opened, read or written: a read-only or full disk, a file
+    size limit, an I/O error, a damaged file or one that is not a store. `path` is the store file,
+    `operation` what was being done ("open", "read", "write", "commit", ...), `reason` what SQLite
+    or the OS said. A verb that fails so changed nothing; the broker carries on and the same call
+    succeeds once the fault is cleared."""
+
+    def __init__(self, path: str, operation: str, reason: str, hint: str = "") -> None:
+        if not hint:
+            hint = (
+                "fix the file or the disk, then start the broker again"
+                if operation == "open"
+                else "nothing of this call was applied; retry it once the fault is cleared"
+            )
+        super().__init__(f"store {path!r}: cannot {operation}: {reason}; {hint}")
+        self.path, self.operation, self.reason = path, operation, reason
+
+
+class StoreInUse(StoreError):
+    """Another broker (this process or another) has the store file open: one store file belongs
+    to one broker. `holder` and `pid` name that broker when it could be told (else None)."""
+
+    def __init__(self, path: str, holder: str | None = None, pid: int | None = None) -> None:
+        who = "another broker" if holder is None else f"broker {holder!r}"
+        if pid is not None:
+            who += f" (pid {pid})"
+        super().__init__(
+            path,
+            "open",
+            f"it is in use by {who}, and a store file belongs to one broker",
+            "stop that broker first, or give this one its own path",
+        )
+        self.holder, self.pid = holder, pid
 
 
 class PeerUnreachable(BrokerError):
@@ -171,6 +202,29 @@ class PeerUnreachable(BrokerError):
     def __init__(self, broker: str, reason: str) -> None:
         super().__init__(f"broker {broker!r} unreachable: {reason}")
         self.broker, self.reason = broker, reason
+
+    # The reasons, worded once for every `Peers` (Ray's and the tests' in-process one).
+
+    @classmethod
+    def not_running(cls, broker: str) -> PeerUnreachable:
+        return cls(broker, f"broker {broker!r} is not running; its messages wait until it starts")
+
+    @classmethod
+    def no_answer(cls, broker: str, timeout: float) -> PeerUnreachable:
+        return cls(
+            broker,
+            f"broker {broker!r} did not answer within {timeout:g} s (busy, or too slow: see "
+            "the send_timeout_s limit)",
+        )
+
+    @classmethod
+    def stopped(cls, broker: str) -> PeerUnreachable:
+        return cls(broker, f"broker {broker!r} stopped or is restarting")
+
+    @classmethod
+    def failed(cls, broker: str, detail: str = "") -> PeerUnreachable:
+        why = f": {detail}" if detail else "; see the brokers' logs"
+        return cls(broker, f"the call to broker {broker!r} failed{why}")
 
 
 class ReaderLost(BrokerError):

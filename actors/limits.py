@@ -16,6 +16,7 @@ _ZERO_OK = frozenset({"read_cache_bytes", "closed_retention_s"})  # 0: off / at 
 class Limits:
     # --- messages and the store ---
     max_body_bytes: int = 4 << 20
+    max_call_bytes: int = 64 << 20  # the bodies of one call (apply, settle), summed
     lease_s: float = 30.0  # how long a receive holds its groups when the caller names no lease
     closed_retention_s: float = 60.0  # closed endpoints linger so late use gets a clear error
     audit_rows: int = 100_000  # committed receive batches kept in the delivery audit

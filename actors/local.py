@@ -35,7 +35,8 @@ class LocalBroker(Verbs):
         **limits: Any,
     ) -> None:
         check_name_and_path(name, path)
-        Limits.of(limits)  # refused here, before a thread starts
+        # refused here, before a thread starts; the client checks calls against its size limit
+        self.max_call_bytes = Limits.of(limits).max_call_bytes
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -65,15 +66,17 @@ class LocalBroker(Verbs):
         return post(result) if post else result
 
     def stop(self, delete_store: bool = False) -> None:
-        """Stop the broker: its readers, its clock, its store. `delete_store=True` also removes
-        the SQLite file and the -wal/-shm files beside it."""
+        """Stop the broker: its readers, its clock, its store (another broker may open it now).
+        `delete_store=True` also removes the SQLite file and the -wal/-shm/.lock files beside
+        it."""
         if not self._thread.is_alive():
             return
         path = self.service.path
         self._run(self.service.close())
         self._halt()
         if delete_store and path != ":memory:":
-            for f in (path, f"{path}-wal", f"{path}-shm"):
+            lock = f"{os.path.realpath(path)}.lock"  # found before a symlinked path is removed
+            for f in (path, f"{path}-wal", f"{path}-shm", lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f)
 
@@ -95,6 +98,7 @@ class AsyncLocalBroker(Verbs):
     def __init__(self, sync: LocalBroker) -> None:
         self._sync = sync
         self.name = sync.name
+        self.max_call_bytes = sync.max_call_bytes
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         sync = self._sync

@@ -103,7 +103,7 @@ def transport_address(service_name: str) -> str | None:
 # --- routes --------------------------------------------------------------------------------------
 
 
-def _broker_id(value: object) -> str:
+def check_broker_id(value: object) -> str:
     try:  # canonical lower-case form, so ids compare equal however they were written
         return str(value if isinstance(value, uuid.UUID) else uuid.UUID(value))  # type: ignore
     except (TypeError, ValueError, AttributeError):
@@ -133,7 +133,7 @@ class Route:
         if self.service_name is not None:
             _valid_name("service", self.service_name)
         if self.broker_instance is not None:
-            object.__setattr__(self, "broker_instance", _broker_id(self.broker_instance))
+            object.__setattr__(self, "broker_instance", check_broker_id(self.broker_instance))
             if self.service_name is None:
                 # seed 001's matching steps never consider such a route; refuse it rather than
                 # keep a route that silently matches nothing
@@ -220,10 +220,10 @@ class RouteTable:
         return tuple(self._routes.values())
 
     def get(self, name: str) -> Route:
-        try:
-            return self._routes[name]
-        except KeyError:
-            raise UnknownRoute(name) from None
+        route = self._routes.get(name) if isinstance(name, str) else None
+        if route is None:
+            raise UnknownRoute(name)
+        return route
 
     def _check_live(self, route: Route, now: float) -> None:
         if not route.live(now):
@@ -313,8 +313,8 @@ def match(
     dynamic: DynamicHook | None = None,
 ) -> Match:
     """Seed 001's matching steps, in order; the first step that yields routes wins."""
-    bi = None if broker_instance is None else _broker_id(broker_instance)
-    local_id = _broker_id(local_broker_id)
+    bi = None if broker_instance is None else check_broker_id(broker_instance)
+    local_id = check_broker_id(local_broker_id)
     every = list(routes)
     live = [r for r in every if r.live(now)]
     named = [r for r in live if r.service_name == service_name]

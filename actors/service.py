@@ -19,10 +19,18 @@ from typing import Any
 
 from . import checks
 from .activation import ReaderLauncher, ReaderPools
-from .catalog import Queue, from_record
+from .catalog import Queue, check_name, from_record
 from .core import BrokerCore, Limits
 from .envelope import Begin, Op, ReceivedGroup, Timer, pack_received, unpack_ops
-from .errors import BrokerError, InvalidArgument, ReaderRetired, UnknownBroker
+from .errors import (
+    BrokerError,
+    InvalidArgument,
+    InvalidDefinition,
+    ReaderRetired,
+    StoreError,
+    UnknownBroker,
+)
+from .ordering import Order, Sequencer
 from .store import Store
 from .transport import Outbound, Peers
 
@@ -34,10 +42,21 @@ FAILPOINTS = frozenset({"exit_after_commit"})
 
 Settle = tuple[list[str], list[str], Sequence[Op], Mapping[str, bytes | None], str | None]
 
+# What a client handle may ask for through `call` (the Verbs' methods); anything else is refused.
+CLIENT_VERBS = frozenset(
+    {
+        "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
+        "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
+        "view", "info",
+    }
+)  # fmt: skip
+
 
 def check_name_and_path(name: Any, path: Any) -> None:
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"a broker needs a non-empty name, not {name!r}")
+    try:  # the catalog's name rule: a broker's name goes into "ray://<name>" addresses
+        check_name("broker name", name)
+    except InvalidDefinition as exc:
+        raise InvalidArgument(str(exc)) from None
     if not isinstance(path, str) or not path:
         raise InvalidArgument(
             f"broker {name!r}: path must be a SQLite file path or ':memory:', not {path!r}"
@@ -57,11 +76,18 @@ class BrokerService:
         peers: Peers | None = None,
         launcher: ReaderLauncher | None = None,
     ) -> None:
+        # first: a broker whose store did not open still answers `info` through `call`
+        self._order = Sequencer()  # each client's calls start in the order it issued them
         check_name_and_path(name, path)
         self.name = name
         # as started, so a second start can refuse to attach with other settings
         self.path, self.durability, self.limits = path, durability, dict(limits or {})
-        self.core = BrokerCore(Store(path, durability), time.time, Limits.of(self.limits), name)
+        store = Store(path, durability, holder=name)
+        try:
+            self.core = BrokerCore(store, time.time, Limits.of(self.limits), name)
+        except BaseException:
+            store.close()  # a broker that did not start must not keep its store file locked
+            raise
         self.core.notify = self._wake
         self.core.on_event = self._surface
         self.peers = peers
@@ -97,8 +123,8 @@ class BrokerService:
                 if now >= next_owner_check:
                     next_owner_check = now + self.core.limits.owner_check_s
                     await self._release_dead_owners()
-            except Exception:  # the clock must outlive any one failure; it is logged
-                log.exception("broker %s: clock tick failed", self.name)
+            except Exception as exc:  # the clock must outlive any one failure; it is logged
+                self._log_failure("a clock tick", exc)
                 due = None
             most = self.core.limits.tick_max_s
             delay = most if due is None else min(most, max(0.0, due - time.time()))
@@ -147,8 +173,15 @@ class BrokerService:
             try:
                 for out in transport.dispatch():
                     asyncio.ensure_future(self._send(out))
-            except Exception:  # logged; the rows stay queued and are tried again
-                log.exception("broker %s: dispatching the transmission queue failed", self.name)
+            except Exception as exc:  # logged; the rows stay queued and are tried again
+                self._log_failure("dispatching the transmission queue", exc)
+
+    def _log_failure(self, what: str, exc: Exception) -> None:
+        """A store fault repeats on every pass until it clears: one line each, not a traceback."""
+        if isinstance(exc, StoreError):
+            log.warning("broker %s: %s failed: %s", self.name, what, exc)
+        else:
+            log.error("broker %s: %s failed", self.name, what, exc_info=exc)
 
     async def _send(self, out: Outbound) -> None:
         assert self.courier is not None
@@ -203,36 +236,48 @@ class BrokerService:
 
     # --- routes ----------------------------------------------------------------------------------
 
-    def check_brokers(self, record: Mapping[str, Any]) -> None:
-        """A route to a broker that does not exist is refused (it may be started later)."""
+    def check_brokers(self, record: Any, route: Any) -> list[str]:
+        """Warnings for a route to a broker that is not running: the route is made all the same
+        (brokers may start in any order) and its messages wait until that broker starts. A
+        broker without peers (in process) reaches no other broker: such a route is refused."""
+        warnings: list[str] = []
+        if not isinstance(record, Mapping):
+            return warnings  # the core refuses it, with the reason
         for key in ("address", "mirror_address"):
             address = record.get(key)
             if isinstance(address, str) and address.lower().startswith("ray://"):
                 name = address[len("ray://") :]
-                if name != self.name and not self.broker_exists(name):
+                if name == self.name or self.broker_exists(name):
+                    continue
+                if self.peers is None:
                     raise UnknownBroker(
                         name,
-                        f"no broker named {name!r} is reachable from {self.name!r}; "
-                        "start it, then create the route",
+                        f"{self.name!r} runs in process without peers and reaches no other "
+                        "broker; route to LOCAL, or run the brokers on Ray",
                     )
+                warnings.append(
+                    f"route {route!r}: broker {name!r} is not running yet; "
+                    "messages routed to it wait in the transmission queue and go when it starts"
+                )
+        return warnings
 
     def broker_exists(self, name: str) -> bool:
         """Whether another broker of that name runs (an in-process broker knows none)."""
         return False
 
     async def create_route(self, table: str, record: dict[str, Any], request_id: str) -> list:
-        self.check_brokers(record)
+        ahead = self.check_brokers(record, record.get("name") if isinstance(record, dict) else "")
         warnings = self.core.create_route(table, record, request_id)
         self._send_poke.set()  # delayed dialogs may now have a way
-        return warnings
+        return [*warnings, *ahead]
 
     async def alter_route(
         self, table: str, name: str, changes: dict[str, Any], request_id: str
     ) -> list:
-        self.check_brokers(changes)
+        ahead = self.check_brokers(changes, name)
         warnings = self.core.alter_route(table, name, changes, request_id)
         self._send_poke.set()
-        return warnings
+        return [*warnings, *ahead]
 
     async def drop_route(self, table: str, name: str, request_id: str) -> None:
         self.core.drop_route(table, name, request_id)
@@ -241,6 +286,16 @@ class BrokerService:
         return self.core.configure(forwarding)
 
     # --- verbs (each one core call, one transaction) --------------------------------------------
+
+    async def call(self, order: Order, method: str, *args: Any) -> Any:
+        """A client handle's call: `method(*args)`, started once the client's earlier calls have
+        started (see actors.ordering), so several in flight still apply in the order issued."""
+        if type(method) is not str or method not in CLIENT_VERBS:
+            raise InvalidArgument(
+                f"{method!r} is not a broker verb; use one of {sorted(CLIENT_VERBS)}"
+            )
+        await self._order.turn(order)
+        return await getattr(self, method)(*args)
 
     async def info(self) -> dict[str, Any]:
         return {

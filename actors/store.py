@@ -7,7 +7,9 @@ everything that must survive a crash is written here inside one transaction per 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from .errors import InvalidArgument, StoreError
+from .storefile import Connection, check_file, lock, reason
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -87,12 +90,20 @@ class Store:
     """SQLite persistence for one broker. `durability`: "normal" (a committed transaction survives
     the process being killed; WAL with synchronous=NORMAL) or "full" (also survives power loss)."""
 
-    def __init__(self, path: str, durability: str = "normal") -> None:
+    def __init__(self, path: str, durability: str = "normal", holder: str = "") -> None:
+        """`holder`: the broker's name, told to a second broker refused the same file."""
         if durability not in ("normal", "full"):
             raise InvalidArgument(f"durability must be 'normal' or 'full', got {durability!r}")
         self.path = path
+        self._lock_fd: int | None = None
+        if path != ":memory:":
+            check_file(path)
+            self._lock_fd = lock(path, holder)
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, factory=Connection
+            )
+            self.db.path = path
             if path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
@@ -105,31 +116,44 @@ class Store:
                 (str(uuid.uuid4()),),
             )
             self.broker_id: str = self.get_meta("broker_id") or ""
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open store {path!r}: {exc}") from None
+        except (StoreError, sqlite3.Error) as exc:
+            self.close()
+            why = exc.reason if isinstance(exc, StoreError) else reason(exc)
+            raise StoreError(path, "open", why) from exc
         self._in_tx = False
 
     def close(self) -> None:
-        self.db.close()
+        """Close the file and release it to the next broker (idempotent)."""
+        db = getattr(self, "db", None)
+        if db is not None:
+            db.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; rolls back if the block raises."""
+        """One write transaction; rolls back if the block or the commit raises. A store fault
+        (disk full, read-only, I/O error) is a `StoreError`; the store stays usable after it."""
         assert not self._in_tx, "transactions do not nest"
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot begin a transaction on {self.path!r}: {exc}") from None
+        self.db.execute("BEGIN IMMEDIATE")
         self._in_tx = True
         try:
             yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        else:
             self.db.execute("COMMIT")
+        except BaseException:
+            self._roll_back()
+            raise
         finally:
             self._in_tx = False
+
+    def _roll_back(self) -> None:
+        # After some I/O errors SQLite has already rolled the transaction back itself.
+        if self.db.in_transaction:
+            # In WAL mode a rollback writes nothing, so it works on a full or read-only disk;
+            # should it fail anyway, the error that got us here is the one worth raising.
+            with contextlib.suppress(StoreError):
+                self.db.execute("ROLLBACK")
 
     # --- meta and catalog ------------------------------------------------------------------------
 

@@ -13,9 +13,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import checks
-from .catalog import Definition, kind_of, to_record
-from .envelope import Begin, End, Op, ReceivedGroup, Send, Timer, pack_ops, unpack_received
-from .errors import InvalidArgument
+from .bodies import MAX_DEFINITION_DEPTH, shown, too_deep
+from .catalog import Definition, check_name, kind_of, to_record
+from .envelope import (
+    Begin,
+    End,
+    Op,
+    ReceivedGroup,
+    Send,
+    Timer,
+    check_call_size,
+    pack_ops,
+    unpack_received,
+)
+from .errors import InvalidArgument, InvalidDefinition
+from .limits import Limits
 
 LockRef = ReceivedGroup | str  # a received group, or its lock id
 
@@ -66,15 +78,29 @@ def _kind(kind: str | type) -> str:
     )
 
 
+def _route_table(table: object) -> None:
+    if not isinstance(table, str):
+        raise InvalidArgument(f"route table must be 'routes' or 'instance', not {shown(table)}")
+
+
 class Verbs:
     """Every verb, written once. `_call` is sync in the handles and a coroutine in their `aio`."""
 
     name: str
+    # the broker's max_call_bytes, as far as this handle knows it (a handle that starts its
+    # broker with another limit sets it): calls over it are refused before they are sent
+    max_call_bytes: int = Limits.max_call_bytes
 
     def _call(
         self, method: str, *args: Any, post: Callable[[Any], Any] | None = None
     ) -> Any:  # pragma: no cover - each handle supplies it
         raise NotImplementedError
+
+    def _pack(self, ops: Sequence[Op]) -> bytes:
+        """Operations for the wire, once checked: each op checked itself when it was made."""
+        ops = checks.items("ops", ops)
+        check_call_size(ops, self.max_call_bytes)
+        return pack_ops(ops)
 
     def _owner(self) -> tuple[str, Any] | None:
         """Who holds the locks a receive takes (None: the call's own request)."""
@@ -96,11 +122,20 @@ class Verbs:
         self, kind: str | type, name: str, *, request_id: str | None = None, **changes: Any
     ) -> Any:
         """ALTER: change fields of a definition, `alter(Queue, "Q", enabled=True)`."""
-        return self._call("alter", _kind(kind), name, changes, _request_id(request_id))
+        kind = _kind(kind)
+        check_name(kind.replace("_", " "), name)
+        if too_deep(changes, MAX_DEFINITION_DEPTH + 1):
+            raise InvalidDefinition(
+                f"changes to {kind} {name!r} nest lists/dicts more than {MAX_DEFINITION_DEPTH} "
+                "levels deep; flatten them"
+            )
+        return self._call("alter", kind, name, changes, _request_id(request_id))
 
     def drop(self, kind: str | type, name: str, *, request_id: str | None = None) -> Any:
         """DROP a definition, `drop(Queue, "Q")`."""
-        return self._call("drop", _kind(kind), name, _request_id(request_id))
+        kind = _kind(kind)
+        check_name(kind.replace("_", " "), name)
+        return self._call("drop", kind, name, _request_id(request_id))
 
     # --- dialogs ---------------------------------------------------------------------------------
 
@@ -108,7 +143,7 @@ class Verbs:
         """Begin, Send, End and Timer operations, in order, in one call and one transaction.
         Returns {"handles": [handles begun], "sent": messages sent}. A retried call with the same
         `request_id` is applied once."""
-        return self._call("apply", pack_ops(ops), _request_id(request_id))
+        return self._call("apply", self._pack(ops), _request_id(request_id))
 
     def begin_dialog(
         self,
@@ -132,7 +167,7 @@ class Verbs:
             lifetime=lifetime,
         )
         rid = new_request_id()
-        return self._call("apply", pack_ops([op]), rid, post=lambda r: r["handles"][0])
+        return self._call("apply", self._pack([op]), rid, post=lambda r: r["handles"][0])
 
     def send(self, handles: str | Sequence[str], message_type: str, body: bytes = b"") -> Any:
         """SEND one message on one or several conversations. For many, use `apply([Send(...)])`."""
@@ -191,7 +226,7 @@ class Verbs:
         settle = None
         commit, rollback = lock_ids(commit), lock_ids(rollback)
         if commit or rollback or ops or states:
-            settle = (commit, rollback, pack_ops(ops), checks.states(states), new_request_id())
+            settle = (commit, rollback, self._pack(ops), checks.states(states), new_request_id())
         return self._call(
             "receive", queue, wait, options, self._owner(), settle, reader, post=unpack_received
         )
@@ -227,7 +262,7 @@ class Verbs:
             "settle",
             lock_ids(commit),
             lock_ids(rollback),
-            pack_ops(ops),
+            self._pack(ops),
             checks.states(states),
             _request_id(request_id),
         )
@@ -274,18 +309,24 @@ class Verbs:
             "mirror_address": mirror_address,
             "lifetime": lifetime,
         }
+        _route_table(table)
         return self._call("create_route", table, record, _request_id(request_id))
 
     def alter_route(
         self, name: str, *, table: str = "routes", request_id: str | None = None, **changes: Any
     ) -> Any:
         """ALTER ROUTE: change fields of a route (`lifetime` in seconds from now)."""
+        _route_table(table)
+        check_name("route", name)
         return self._call("alter_route", table, name, changes, _request_id(request_id))
 
     def drop_route(self, name: str, *, table: str = "routes", request_id: str | None = None) -> Any:
+        _route_table(table)
+        check_name("route", name)
         return self._call("drop_route", table, name, _request_id(request_id))
 
     def routes(self, table: str = "routes") -> Any:
+        _route_table(table)
         return self._call("view", "routes", {"table": table})
 
     def configure(self, *, forwarding: bool | None = None) -> Any:

@@ -34,6 +34,6 @@ class InProcessPeers:
 
         net = self.net
         if broker in net.down or broker not in net.couriers:
-            raise PeerUnreachable(broker, "Unreachable")
+            raise PeerUnreachable.not_running(broker)
         net.calls.append((self.caller, broker))
         return await net.couriers[broker].deliver(blob)

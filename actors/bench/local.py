@@ -1,7 +1,9 @@
 """`raybroker bench local`: one broker, N messages over K dialogs, sent in batches, received by
 conversation group, committed, durable (a SQLite file in WAL mode). Beside it, in the same run and
 process, the raw SQLite work the broker cannot avoid: the same rows inserted in the same batches
-into the same table and index, then selected by group and deleted.
+into the same table and index, then selected by group and deleted. And a producer whose every
+call sends on every dialog, serial and then pipelined: the broker applies one client's calls in
+the order issued (actors.ordering), and the ratio of the two rows is what pipelining still buys.
 """
 
 from __future__ import annotations
@@ -90,6 +92,23 @@ def run(
             )
             report.rows.append(Row("raybroker", "send only", send_rate))
             report.rows.append(Row("raybroker", "receive+commit only", recv_rate))
+            progress("raybroker: a producer on shared dialogs, serial, then pipelined")
+            serial, piped = (
+                asyncio.run(_shared(broker, handles, messages, batch, body, n, max_groups, readers))
+                for n in (1, inflight)
+            )
+            note = "send only; every call sends on every dialog, applied in the order issued"
+            report.rows.append(
+                Row("raybroker", "serial producer (1 in flight)", serial, notes=note)
+            )
+            report.rows.append(
+                Row(
+                    "raybroker",
+                    f"producer pipelined on shared dialogs ({inflight} in flight)",
+                    piped,
+                    notes=f"{piped / serial:.2f}x serial; {note}",
+                )
+            )
         finally:
             broker.stop()
         progress("raw-sqlite: the same rows, inserted, selected by group, deleted")
@@ -179,6 +198,25 @@ async def _phases(broker, handles, messages, batch, body, max_groups, readers, i
     await receive_all(broker, messages, max_groups, readers)
     t2 = time.perf_counter()
     return messages / (t1 - t0), messages / (t2 - t1)
+
+
+async def _shared(broker, handles, messages, batch, body, inflight, max_groups, readers) -> float:
+    """Send-only rate of one producer whose calls (`inflight` at a time) each send on every
+    dialog, so calls in flight share dialogs; the queue is drained afterwards, untimed."""
+    per = max(1, batch // len(handles))  # bodies per dialog per call: `batch` messages a call
+    calls = max(1, messages // (per * len(handles)))
+    gate = asyncio.Semaphore(inflight)
+    bodies = [body] * per
+
+    async def one() -> None:
+        async with gate:
+            await broker.aio.apply([Send(handles, "DEFAULT", bodies)])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(calls)))
+    rate = calls * per * len(handles) / (time.perf_counter() - t0)
+    await receive_all(broker, calls * per * len(handles), max_groups, readers)
+    return rate
 
 
 def raw_sqlite(

@@ -10,7 +10,7 @@ from typing import Any
 from .. import checks
 from ..catalog import SYSTEM_TYPES, check_name
 from ..dialogs import State, check_send, plan_end
-from ..envelope import Begin, End, Op, Send, Timer
+from ..envelope import Begin, End, Op, Send, Timer, check_call_size
 from ..errors import (
     BodyTooLarge,
     ContractViolation,
@@ -29,6 +29,7 @@ class Conversations(Part):
 
     def apply_ops(self, w: Changes, ops: Sequence[Op], held: frozenset[int]) -> dict[str, Any]:
         """Apply operations in order; `held`: the groups the caller holds locked (a commit)."""
+        check_call_size(ops, self.state.limits.max_call_bytes)  # before any op: nothing changes
         handles: list[str] = []
         sent = 0
         for op in ops:

@@ -116,7 +116,7 @@ class BrokerState:
         return ep.far_service in self.catalog.services and ep.far_broker in (None, self.broker_id)
 
     def route_table(self, table: str) -> RouteTable:
-        if table not in self.routes:
+        if not isinstance(table, str) or table not in self.routes:
             raise InvalidArgument(
                 f"route table {table!r} does not exist; use one of {list(ROUTE_TABLES)}"
             )

@@ -98,22 +98,34 @@ class UnitOfWork:
         self.on_event: Callable[[str, str, str], None] = lambda kind, subject, detail: None
 
     def run(self, fn: Callable[[Changes], T], request_id: str | None = None) -> T:
-        """Run `fn` in one transaction; on any error undo everything it did."""
+        """Run `fn` in one transaction; on any error undo everything it did. With a
+        `request_id`, a call already applied under it answers as it did then."""
+        verb = fn.__qualname__.split(".<locals>")[0]  # e.g. "Admin.create": the call
         if request_id is not None:
             done = self.done(request_id)
             if done is not None:  # a retry of a call that already committed
-                return msgpack.unpackb(done, raw=False, strict_map_key=False)
+                return self._recorded(request_id, verb, done)
         w = Changes(now=self.clock())
         try:
             with self.store.tx():
                 result = fn(w)
                 self._write(w)
                 if request_id is not None:
-                    self.store.put_request(request_id, w.now, msgpack.packb(result))
+                    self.store.put_request(request_id, w.now, msgpack.packb([verb, result]))
         except BaseException:
             self._undo(w)
             raise
         self._apply(w)
+        return result
+
+    @staticmethod
+    def _recorded(request_id: str, verb: str, blob: bytes) -> Any:
+        then, result = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        if then != verb:
+            raise InvalidArgument(
+                f"request_id {request_id!r} was already used for another call ({then}); "
+                "give each call its own request id"
+            )
         return result
 
     def done(self, request_id: str) -> bytes | None:

@@ -8,10 +8,12 @@ looking up brokers by name. Every verb and every rule is the service's and the c
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 
 import ray
 
+from ..errors import BrokerError
 from ..service import BrokerService
 from .peers import RayPeers
 from .pools import RayReaderLauncher
@@ -25,14 +27,28 @@ class BrokerActor(BrokerService):
         self, name: str, path: str, durability: str, limits: dict[str, Any], namespace: str
     ) -> None:
         self.namespace = namespace  # where this broker and its peers are registered
-        super().__init__(
-            name,
-            path,
-            durability,
-            limits,
-            peers=RayPeers(namespace),
-            launcher=RayReaderLauncher(name, namespace),
-        )
+        self.start_error: BrokerError | None = None
+        try:
+            super().__init__(
+                name,
+                path,
+                durability,
+                limits,
+                peers=RayPeers(namespace),
+                launcher=RayReaderLauncher(name, namespace),
+            )
+        except BrokerError as exc:
+            if _restarted():
+                raise  # a restart that cannot open its store ends here; clients are told
+            # A first start keeps its error for `info` (start_broker's first call), which
+            # raises it as itself; Ray would pass on a constructor's error only as text.
+            # start_broker then kills this actor, so its name is free again.
+            self.start_error = exc
+
+    async def info(self) -> dict[str, Any]:
+        if self.start_error is not None:
+            raise self.start_error
+        return await super().info()
 
     async def holder_alive(self, handle: Any) -> bool | None:
         """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its
@@ -53,3 +69,10 @@ class BrokerActor(BrokerService):
         except ValueError:
             return False
         return True
+
+
+def _restarted() -> bool:
+    """Whether Ray restarted this actor (its process died), rather than starting it anew."""
+    with warnings.catch_warnings():  # the call reads a deprecated property inside Ray
+        warnings.simplefilter("ignore")
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -3,7 +3,8 @@
 `Broker` is synchronous; `broker.aio` is the same handle with every verb as a coroutine. This is
 the one place that turns Ray's errors into ours: a broker error raised in the actor is re-raised
 as itself, and a broker that is restarting is retried (with the same request id, so a retried
-call is applied once) until `retry_s` runs out, then `BrokerUnavailable`.
+call is applied once) until `retry_s` runs out, then `BrokerUnavailable`. Every call carries the
+handle's order (`actors.ordering`), so calls in flight together apply in the order issued.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import ray
 
 from ..errors import BrokerError, BrokerUnavailable
+from ..ordering import Issuer
 from ..verbs import Verbs
 
 DEFAULT_NAMESPACE = "raybroker"
@@ -86,6 +88,7 @@ class Broker(Verbs):
         self.name = name
         self.namespace = namespace
         self.retry_s = retry_s
+        self.issuer = Issuer()  # this handle's calls, numbered (a pickled copy is a new client)
         self.aio = AsyncBroker(self)
 
     def __reduce__(self):
@@ -96,15 +99,26 @@ class Broker(Verbs):
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         backoff = _Backoff(self.name, self.retry_s)
-        while True:
-            try:
-                result = ray.get(getattr(self.actor, method).remote(*args))
-            except ray.exceptions.RayTaskError as exc:
-                _reraise(exc)
-            except _TRANSIENT as exc:
-                time.sleep(backoff.after(exc))  # the actor is restarting
-                continue
-            return post(result) if post else result
+        issuer = self.issuer
+        seq = issuer.issue()
+        ref = None  # set while Ray may still run the call
+        try:
+            while True:  # a retry keeps its number: it takes the same place in the order
+                ref = self.actor.call.remote(issuer.order(seq), method, *args)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    ref = None  # answered, with an error
+                    if isinstance(exc, ray.exceptions.RayTaskError):
+                        _reraise(exc)
+                    if not isinstance(exc, _TRANSIENT):
+                        raise
+                    time.sleep(backoff.after(exc))  # the actor is restarting
+                    continue
+                ref = None
+                return post(result) if post else result
+        finally:
+            _answered(issuer, seq, ref)
 
     def stop(self, delete_store: bool = False) -> None:
         """Stop this broker for good: kill its actor with no restart and wait until its name is
@@ -119,9 +133,19 @@ class Broker(Verbs):
                 raise BrokerUnavailable(f"Ray still holds {self.name!r} {STOP_WAIT_S}s after kill")
             time.sleep(0.02)
         if path != ":memory:":
-            for f in (path, f"{path}-wal", f"{path}-shm"):
+            lock = f"{os.path.realpath(path)}.lock"  # the store's lock file (actors.storefile)
+            for f in (path, f"{path}-wal", f"{path}-shm", lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f)
+
+
+def _answered(issuer: Issuer, seq: int, ref: ray.ObjectRef | None) -> None:
+    """A call is answered when Ray has its reply: one interrupted before (KeyboardInterrupt,
+    a cancelled coroutine) may still run, so the order's floor must not pass it until then."""
+    if ref is None:
+        issuer.answered(seq)
+    else:
+        ref.future().add_done_callback(lambda _: issuer.answered(seq))
 
 
 def _holds_name(broker: Broker) -> bool:
@@ -147,16 +171,28 @@ class AsyncBroker(Verbs):
         return lock_holder()
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        backoff = _Backoff(self.name, self._sync.retry_s)
-        while True:
-            try:
-                result = await getattr(self._sync.actor, method).remote(*args)
-            except ray.exceptions.RayTaskError as exc:
-                _reraise(exc)
-            except _TRANSIENT as exc:
-                await asyncio.sleep(backoff.after(exc))
-                continue
-            return post(result) if post else result
+        sync = self._sync
+        backoff = _Backoff(self.name, sync.retry_s)
+        issuer = sync.issuer  # one order for the handle, sync and async calls alike
+        seq = issuer.issue()
+        ref = None  # set while Ray may still run the call
+        try:
+            while True:  # a retry keeps its number: it takes the same place in the order
+                ref = sync.actor.call.remote(issuer.order(seq), method, *args)
+                try:
+                    result = await ref
+                except ray.exceptions.RayError as exc:
+                    ref = None  # answered, with an error
+                    if isinstance(exc, ray.exceptions.RayTaskError):
+                        _reraise(exc)
+                    if not isinstance(exc, _TRANSIENT):
+                        raise
+                    await asyncio.sleep(backoff.after(exc))
+                    continue
+                ref = None
+                return post(result) if post else result
+        finally:
+            _answered(issuer, seq, ref)
 
 
 def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:

@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from ..errors import InvalidArgument
+from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
 from ..limits import Limits
 from ..service import check_name_and_path
 from .broker import BrokerActor
@@ -64,7 +64,17 @@ def start_broker(
         **options,
     )
     broker = Broker(cls.remote(name, path, durability, limits, namespace), name, namespace, retry_s)
-    info = broker.info()  # surfaces a bad path or option now, not at first use
+    try:
+        info = broker.info()  # surfaces a bad path, a store in use, a bad option now
+    except BrokerUnavailable:
+        if _failed_for_good(broker):  # a restart could not reopen its store: free the name
+            broker.stop()
+        raise
+    except BrokerError:
+        # it did not start (its store would not open); it must not keep the name, so a
+        # start with the same name and a good path works
+        broker.stop()
+        raise
     # an attached broker keeps what it was started with, so asking for other settings is an error
     differs = _differences(info, path, durability, limits)
     if differs:
@@ -73,6 +83,17 @@ def start_broker(
             "Start it with the same ones, or stop it first (stop_broker)"
         )
     return broker
+
+
+def _failed_for_good(broker: Broker) -> bool:
+    """Whether the actor died in its constructor: Ray will not restart it, yet it keeps the name."""
+    try:
+        ray.get(broker.actor.__ray_ready__.remote(), timeout=1.0)
+    except ray.exceptions.ActorDiedError as exc:
+        return exc.actor_init_failed
+    except ray.exceptions.RayError:
+        return False
+    return False
 
 
 def _differences(

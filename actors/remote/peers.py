@@ -4,11 +4,14 @@ Every way a call can fail becomes `PeerUnreachable` with a reason in words about
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import ray
 
-from ..errors import PeerUnreachable
+from ..errors import BrokerError, PeerUnreachable
+
+log = logging.getLogger("raybroker")
 
 
 class RayPeers:
@@ -20,10 +23,8 @@ class RayPeers:
         if broker not in self.handles:
             try:
                 self.handles[broker] = ray.get_actor(broker, namespace=self.namespace)
-            except ValueError:
-                raise PeerUnreachable(
-                    broker, f"no broker named {broker!r} is running in {self.namespace!r}"
-                ) from None
+            except ValueError:  # Ray's way of saying no actor has that name
+                raise PeerUnreachable.not_running(broker) from None
         return self.handles[broker]
 
     async def deliver(self, broker: str, blob: bytes, timeout: float) -> bytes:
@@ -32,12 +33,18 @@ class RayPeers:
         except PeerUnreachable:
             raise
         except TimeoutError:
-            reason = f"no answer within {timeout:g}s"
+            err = PeerUnreachable.no_answer(broker, timeout)
         except ray.exceptions.RayActorError:
-            reason = "broker stopped or restarting"
+            err = PeerUnreachable.stopped(broker)
         except ray.exceptions.RayTaskError as exc:
-            reason = f"broker failed to take the batch: {getattr(exc, 'cause', exc)}"
-        except Exception as exc:  # any other failure of the call itself
-            reason = f"call failed: {exc}"
+            # the far broker raised: its own errors are worded for people; anything else is a
+            # fault whose details belong in its log, not in a transmission status
+            cause = getattr(exc, "cause", None)
+            err = PeerUnreachable.failed(
+                broker, str(cause) if isinstance(cause, BrokerError) else ""
+            )
+        except Exception:  # any other failure of the call itself
+            log.exception("the call to broker %r failed", broker)
+            err = PeerUnreachable.failed(broker)
         self.handles.pop(broker, None)  # look it up again next time (it may have moved)
-        raise PeerUnreachable(broker, reason)
+        raise err

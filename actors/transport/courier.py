@@ -9,9 +9,9 @@ import logging
 
 from ..errors import PeerUnreachable
 from ..routing import Hop
-from .inbound import Arrival, Receiver
+from .inbound import Arrival, Drops, Receiver
 from .outbound import Dispatcher, Outbound
-from .port import Peers
+from .port import Peers, Work
 from .wire import Bundle, merge_replies, pack_bundles, pack_reply, refuses_all
 
 log = logging.getLogger("raybroker")
@@ -36,12 +36,12 @@ class Courier:
                 try:
                     reply = await self.peers.deliver(hop.broker or "", blob, limits.send_timeout_s)
                 except PeerUnreachable as exc:
-                    why = f"{hop.address} unreachable ({exc.reason})"
+                    why = f"{hop.address}: {exc.reason}"
                     continue
                 if n + 1 < len(out.hops) and refuses_all(reply):
                     why = f"{hop.address} refused it"
                     continue
-                self.dispatcher.acknowledged(out, reply)
+                self.dispatcher.acknowledged(out, reply, hop.address)
                 return True
             self.dispatcher.failed(out, why)
         except Exception:
@@ -65,7 +65,9 @@ class Courier:
         # The buffer bounds what is held at once; one call alone always passes (it is already
         # in memory, and refusing it would refuse it forever: a sender's batch does not shrink).
         if self.relaying and self.relaying + n > port.limits.forward_buffer:
-            return _refused(f"{port.name}: forwarding buffer full")
+            why = f"{port.name}: forwarding buffer full"
+            self._dropped(bundles, why)
+            return _refused(why)
         self.relaying += n
         try:
             blob = pack_bundles(bundles)
@@ -76,10 +78,26 @@ class Courier:
                         hop.broker or "", blob, port.limits.send_timeout_s
                     )
                 except PeerUnreachable as exc:
-                    why = f"{port.name} could not forward to {hop.address} ({exc.reason})"
+                    why = f"{port.name} could not forward to {hop.address}: {exc.reason}"
+            self._dropped(bundles, why)
             return _refused(why)
         finally:
             self.relaying -= n
+
+    def _dropped(self, bundles: list[Bundle], why: str) -> None:
+        """Record that bundles this broker was to relay were dropped (the sender retries)."""
+        drops = Drops(self.port.name)
+        for b in bundles:
+            drops.add("Dropped", b.to_service, b.from_broker, len(b.seqs), why, b.conversation_id)
+
+        def record(w: Work) -> None:
+            for kind, subject, detail in drops.events():
+                self.port.record_event(w, kind, subject, detail)
+
+        try:
+            self.port.transaction(record)
+        except Exception:  # an event is not worth failing the answer for
+            log.exception("broker %s: recording dropped relays failed", self.port.name)
 
 
 def _refused(why: str) -> bytes:

@@ -7,13 +7,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..catalog import SYSTEM_TYPES, may_send
-from ..dialogs import CONTRACT_NOT_ACCEPTED, Endpoint
+from ..catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
+from ..dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
 from ..errors import BrokerError
 from ..routing import Hop
 from .port import BrokerPort, Work
-from .wire import CONVERSATION_NOT_FOUND, MESSAGE_REFUSED, Ack, Bundle, unpack_bundles
+from .wire import (
+    CONVERSATION_NOT_FOUND,
+    MESSAGE_REFUSED,
+    Ack,
+    Bundle,
+    read_bundle,
+    unpack_bundles,
+)
 
 log = logging.getLogger("raybroker")
 
@@ -27,6 +35,50 @@ class Arrival:
     forwards: list[tuple[list[Hop], list[Bundle]]] = field(default_factory=list)
 
 
+class Drops:
+    """Arriving messages a broker did not take, summed up for its events: one event per kind,
+    service, sending broker and reason in a call, however many messages (a sender retries every
+    few seconds; the events must not grow with the size of its batches)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: dict[tuple[str, str, str, str], list] = {}  # -> [bundles, messages, conv]
+
+    def add(
+        self, kind: str, service: str, sender: str, messages: int, why: str, conv: str = ""
+    ) -> None:
+        n = self.seen.setdefault((kind, service, sender, why), [0, 0, conv])
+        n[0] += 1
+        n[1] += messages
+
+    def add_raw(self, raw: Any, why: str) -> None:
+        """A malformed bundle: what of it can be read names the service and the sender."""
+        fields = raw if isinstance(raw, list) and len(raw) == len(Bundle._fields) else []
+        b = Bundle(*fields) if fields else None
+
+        def text(value: Any) -> str:
+            return value if isinstance(value, str) and 0 < len(value) <= 128 else "?"
+
+        seqs = b.seqs if b is not None and isinstance(b.seqs, list) else []
+        self.add(
+            "Dropped",
+            text(b.to_service) if b else "?",
+            text(b.from_broker) if b else "?",
+            len(seqs),
+            why,
+            text(b.conversation_id) if b else "",
+        )
+
+    def events(self) -> list[tuple[str, str, str]]:
+        out = []
+        for (kind, service, sender, why), (bundles, messages, conv) in self.seen.items():
+            what = f"{messages} message(s) in {bundles} bundle(s)" if messages else "a call"
+            who = "an unknown broker" if sender == "?" else f"broker {sender}"
+            first = f" (first: conversation {conv})" if conv else ""
+            out.append((kind, service, f"{what} from {who} dropped at {self.name}{first}: {why}"))
+        return out
+
+
 class Receiver:
     """Arrival of bundles at one broker."""
 
@@ -35,35 +87,46 @@ class Receiver:
 
     def arrive(self, blob: bytes) -> Arrival:
         """Deliver what is for a local service, in sequence; route the rest onward when
-        forwarding is on; say why anything was not taken."""
+        forwarding is on; say why anything was not taken. Never raises for what arrives: a
+        malformed bundle is refused alone, and every drop is recorded as an event."""
         port = self.port
         now = port.now()
         arrival = Arrival()
         local: list[Bundle] = []
-        events: list[tuple[str, str, str]] = []
+        drops = Drops(port.name)
         onward: dict[tuple[str, ...], tuple[list[Hop], list[Bundle]]] = {}
-        for raw in unpack_bundles(blob):
-            bundle = Bundle(*raw)
+        raws = unpack_bundles(blob)
+        if isinstance(raws, str):
+            arrival.refused.append(f"{port.name} could not read the call: {raws}")
+            drops.add("Dropped", "?", "?", 0, f"it could not be read: {raws}")
+            raws = []
+        for raw in raws:
+            bundle = read_bundle(raw)
+            if isinstance(bundle, str):
+                arrival.refused.append(f"{port.name} refused a malformed bundle: {bundle}")
+                drops.add_raw(raw, f"a malformed bundle: {bundle}")
+                continue
             conv, to_service, to_broker = (
                 bundle.conversation_id,
                 bundle.to_service,
                 bundle.to_broker,
             )
             if bundle.hops_left <= 0:
-                events.append(
-                    (
-                        "HopLimit",
-                        to_service,
-                        f"conversation {conv}: dropped after {port.limits.hop_limit} hops; a "
-                        "routing loop? check the forwarding routes",
-                    )
+                drops.add(
+                    "HopLimit",
+                    to_service,
+                    bundle.from_broker,
+                    len(bundle.seqs),
+                    f"dropped after {port.limits.hop_limit} hops; a routing loop? check the "
+                    "forwarding routes",
+                    conv,
                 )
                 arrival.refused.append(f"hop limit reached at {port.name}")
                 continue
             if to_broker not in (None, port.broker_id) and not port.forwarding:
-                arrival.refused.append(
-                    f"{port.name} is broker {port.broker_id}, not {to_broker}; dropped"
-                )
+                why = f"{port.name} is broker {port.broker_id}, not {to_broker}; dropped"
+                drops.add("Dropped", to_service, bundle.from_broker, len(bundle.seqs), why, conv)
+                arrival.refused.append(why)
                 continue
             m, hops = port.instance_hops(to_service, to_broker, conv, now)
             if hops and hops[0].rank == "local":
@@ -76,10 +139,12 @@ class Receiver:
                     bundle._replace(hops_left=bundle.hops_left - 1)
                 )
                 continue
-            arrival.refused.append(
-                f"{port.name} has no way to {to_service!r}: {m.describe()}"
-                + ("" if port.forwarding else " (forwarding is off)")
+            why = f"{port.name} has no way to {to_service!r}: {m.describe()}" + (
+                "" if port.forwarding else " (forwarding is off)"
             )
+            drops.add("Dropped", to_service, bundle.from_broker, len(bundle.seqs), why, conv)
+            arrival.refused.append(why)
+        events = drops.events()
         if local or events:
             self._take_all(local, events, arrival)
         arrival.forwards = list(onward.values())
@@ -165,29 +230,66 @@ class Receiver:
                 j += 1
             refusal = self._refusal(ep, types[i], bodies[i : j + 1])
             if refusal is not None:
-                port.post_error(w, ep, MESSAGE_REFUSED, refusal)
-                acks.append(self._nack(bd, seqs[i:], MESSAGE_REFUSED, refusal))
+                # the messages before the refused one are taken; it and all after it are not,
+                # and the dialog ends with an Error on both sides (it never waits in retries)
+                good, why = refusal
+                if good:
+                    port.deliver(w, ep, types[i], bodies[i : i + good], seqs[i])
+                    acks.append(self._ack(bd, seqs[i], seqs[i + good - 1]))
+                if ep.state is not State.ERROR:  # a resend of a refused message: told once
+                    port.post_error(w, ep, MESSAGE_REFUSED, why)
+                acks.append(self._nack(bd, seqs[i + good :], MESSAGE_REFUSED, why))
                 return acks
             port.deliver(w, ep, types[i], bodies[i : j + 1], seqs[i])
             acks.append(self._ack(bd, seqs[i], seqs[j]))
             i = j + 1
         return acks  # anything after a gap waits for the resend
 
-    def _refusal(self, ep: Endpoint, mt: str, bodies: Sequence[bytes]) -> str | None:
-        """Why arriving messages may not be delivered (validation happens on arrival), or None."""
-        if mt in SYSTEM_TYPES:
+    def _refusal(self, ep: Endpoint, mt: str, bodies: Sequence[bytes]) -> tuple[int, str] | None:
+        """Why arriving messages of one type may not be delivered (validation happens on
+        arrival, against this broker's own limits and catalog), with how many of them come
+        before the first refused one; or None."""
+        port = self.port
+        if mt == DIALOG_TIMER:
+            return 0, f"message type {mt!r} is a broker's own; another broker may not send it"
+        if mt not in SYSTEM_TYPES:
+            catalog = port.catalog
+            contract = catalog.contracts.get(ep.contract)
+            if contract is None or not may_send(contract, mt, not ep.is_initiator):
+                return 0, (
+                    f"message type {mt!r} is not allowed from that side by contract {ep.contract!r}"
+                )
+        for n, body in enumerate(bodies):
+            why = self._body_refusal(mt, body)
+            if why is not None:
+                return n, why
+        return None
+
+    def _body_refusal(self, mt: str, body: bytes) -> str | None:
+        port = self.port
+        limit = port.limits.max_body_bytes
+        if len(body) > limit:
+            return (
+                f"a {mt!r} body of {len(body):,} bytes is larger than {port.name}'s "
+                f"max_body_bytes ({limit:,}); send smaller bodies or raise that broker's limit"
+            )
+        if mt == END_DIALOG:
+            return None if not body else f"an {mt!r} message carries no body"
+        if mt == ERROR:
+            try:
+                parse_error_body(body)
+            except Exception:  # a malformed Error body: json, key and int errors alike
+                return "an 'Error' body must be JSON with an integer code and a description"
             return None
-        catalog = self.port.catalog
-        contract = catalog.contracts.get(ep.contract)
-        if contract is None or not may_send(contract, mt, not ep.is_initiator):
-            return f"message type {mt!r} is not allowed from that side by contract {ep.contract!r}"
         try:
-            validator = catalog.validator(mt)
+            validator = port.catalog.validator(mt)
             if validator.kind != "none":
-                for body in bodies:
-                    validator.check(body)
+                validator.check(body)
         except BrokerError as exc:
             return str(exc)
+        except Exception:  # a body no validator can judge (nested too deep, say) is refused
+            log.exception("%s: validating a %r body failed", port.name, mt)
+            return f"a {mt!r} body could not be validated on {port.name}"
         return None
 
     def _ack(self, bd: Bundle, first: int, last: int) -> Ack:

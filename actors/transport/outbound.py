@@ -138,9 +138,10 @@ class Dispatcher:
         for ep_no in local_eps:
             self.port.deliver_waiting(w, ep_no)
 
-    def acknowledged(self, out: Outbound, reply: bytes) -> None:
-        """The far side answered a batch: drop what it acknowledged, pin the far broker id on the
-        first acknowledgement, turn refusals into Error messages; the rest is retried."""
+    def acknowledged(self, out: Outbound, reply: bytes, via: str | None = None) -> None:
+        """The far side answered a batch (through next hop `via`, the first one if not said):
+        drop what it acknowledged, pin the far broker id on the first acknowledgement, turn
+        refusals into Error messages; the rest is retried."""
         answer = unpack_reply(reply)
         port, store = self.port, self.store
         self.release(out)
@@ -173,7 +174,7 @@ class Dispatcher:
             ]
             if unacknowledged:  # refused or out of sequence: counted as an attempt, backed off
                 why = "; ".join(answer.refused) or "sent, not acknowledged yet"
-                self._fail(unacknowledged, f"{out.hops[0].address}: {why}")
+                self._fail(unacknowledged, f"{via or out.hops[0].address}: {why}")
             port.acknowledged(w, acked)
 
         port.transaction(fn)

@@ -96,6 +96,7 @@ class BrokerPort(Protocol):
 
 class Peers(Protocol):
     """Calls to other brokers by name. Anything that keeps a call from being answered raises
-    `PeerUnreachable` with a reason fit for a status line."""
+    `PeerUnreachable` with a reason fit for a status line (its constructors word them: a broker
+    that is not running, that did not answer in time, ...), never a Python exception's name."""
 
     async def deliver(self, broker: str, blob: bytes, timeout: float) -> bytes: ...

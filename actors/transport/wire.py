@@ -3,10 +3,14 @@ NamedTuples in memory, so no module keeps a positional layout in a comment."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgpack
+
+from ..catalog import check_name
+from ..errors import BrokerError, InvalidArgument
 
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470
@@ -61,18 +65,128 @@ def pack_bundles(bundles: Sequence[Bundle]) -> bytes:
     return msgpack.packb(list(bundles), use_bin_type=True)
 
 
-def unpack_bundles(blob: bytes) -> list[list[Any]]:
-    """Raw bundles (lists); `inbound` checks each before reading it as a `Bundle`."""
-    return msgpack.unpackb(blob, raw=False)
+MAX_ID = 128  # characters of a conversation or broker id (ours are 36)
+MAX_SEQ = 2**63 - 1  # SQLite's INTEGER
+
+
+def unpack_bundles(blob: Any) -> list[Any] | str:
+    """The raw bundles of a call (read each with `read_bundle`), or why the call cannot be read
+    at all. Anything may arrive here: another broker, an older version or a hostile peer."""
+    if not isinstance(blob, bytes | bytearray):
+        return f"a call must carry bytes, not {type(blob).__name__}"
+    try:
+        raws = msgpack.unpackb(blob, raw=False)
+    except Exception:  # msgpack raises several unrelated types for bad input
+        return f"{len(blob)} bytes that are not a packed list of bundles"
+    if not isinstance(raws, list):
+        return f"a call must be a list of bundles, not {_kind(raws)}"
+    return raws
+
+
+def read_bundle(raw: Any) -> Bundle | str:
+    """A raw bundle as a `Bundle`, or why it is malformed (then nothing of it is taken)."""
+    fields = Bundle._fields
+    if not isinstance(raw, list) or len(raw) != len(fields):
+        return f"a bundle must be a list of {len(fields)} fields, not {_kind(raw)}"
+    b = Bundle(*raw)
+    try:
+        _text("conversation_id", b.conversation_id, MAX_ID)
+        _text("from_broker", b.from_broker, MAX_ID)
+        if b.to_broker is not None:
+            _text("to_broker", b.to_broker, MAX_ID)
+        for what in ("from_service", "to_service", "contract"):
+            _text(what, getattr(b, what), MAX_ID)
+            check_name(what.replace("_", " "), getattr(b, what))
+        if type(b.from_initiator) is not bool:
+            raise InvalidArgument(
+                f"from_initiator must be true or false, not {_kind(b.from_initiator)}"
+            )
+        if b.expires_at is not None:
+            _number("expires_at", b.expires_at)
+        if type(b.hops_left) is not int:
+            raise InvalidArgument(f"hops_left must be an integer, not {_kind(b.hops_left)}")
+        columns = [b.seqs, b.types, b.bodies, b.sent_ats]
+        if not all(isinstance(c, list) for c in columns):
+            raise InvalidArgument("seqs, types, bodies and sent_ats must be lists")
+        if not b.seqs or len({len(c) for c in columns}) != 1:
+            raise InvalidArgument(
+                f"seqs, types, bodies and sent_ats must be equally long and not empty, not "
+                f"{len(b.seqs)}, {len(b.types)}, {len(b.bodies)} and {len(b.sent_ats)} long"
+            )
+        last = -1
+        for s in b.seqs:
+            if type(s) is not int or not last < s <= MAX_SEQ:
+                raise InvalidArgument(
+                    f"seqs must be increasing integers from 0, not {b.seqs[:8]!r}"
+                )
+            last = s
+        for mt in b.types:
+            _text("a message type", mt, MAX_ID)
+            check_name("message type", mt)
+        for body in b.bodies:
+            if not isinstance(body, bytes):
+                raise InvalidArgument(f"a body must be bytes, not {_kind(body)}")
+        for at in b.sent_ats:
+            _number("sent_ats", at)
+    except BrokerError as exc:  # a field's check, or the catalog's name rule
+        return str(exc)
+    return b
+
+
+def _text(what: str, value: Any, most: int) -> None:
+    if not isinstance(value, str) or not 0 < len(value) <= most:
+        raise InvalidArgument(
+            f"{what} must be a string of 1 to {most} characters, not {_kind(value)}"
+        )
+
+
+def _number(what: str, value: Any) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number, not {_kind(value)}")
+
+
+def _kind(value: Any) -> str:
+    """A short, safe description of a wrong value (a hostile one may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__} ({text[:30]}...)"
 
 
 def pack_reply(acks: Sequence[Ack], refused: Sequence[str]) -> bytes:
     return msgpack.packb([list(acks), list(refused)], use_bin_type=True)
 
 
-def unpack_reply(blob: bytes) -> Reply:
-    acks, refused = msgpack.unpackb(blob, raw=False)
-    return Reply([Ack(*a) for a in acks], list(refused))
+def unpack_reply(blob: Any) -> Reply:
+    """A far broker's answer. A malformed answer, or malformed acknowledgements in it, count as
+    refusals (the messages are retried), never as an exception in the sender."""
+    try:
+        acks, refused = msgpack.unpackb(blob, raw=False)
+        refused = [str(r) for r in refused]
+    except Exception:
+        return Reply([], ["the far broker gave an answer that cannot be read"])
+    good: list[Ack] = []
+    for a in acks if isinstance(acks, list) else [acks]:
+        ack = _read_ack(a)
+        if ack is None:
+            refused.append("the far broker gave a malformed acknowledgement")
+        else:
+            good.append(ack)
+    return Reply(good, refused)
+
+
+def _read_ack(raw: Any) -> Ack | None:
+    if not isinstance(raw, list) or len(raw) != len(Ack._fields):
+        return None
+    a = Ack(*raw)
+    ok = (
+        isinstance(a.conversation_id, str)
+        and type(a.from_initiator) is bool
+        and type(a.first_seq) is int
+        and type(a.last_seq) is int
+        and isinstance(a.owner, str)
+        and (a.code is None or type(a.code) is int)
+        and isinstance(a.description, str)
+    )
+    return a if ok else None
 
 
 def merge_replies(replies: Sequence[bytes]) -> bytes:

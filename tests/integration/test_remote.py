@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from actors import Begin, End, Queue, Send, Service
-from actors.errors import AlreadyExists, InvalidArgument, UnknownBroker
+from actors.errors import AlreadyExists, InvalidArgument
 
 from .conftest import wait_until
 
@@ -203,11 +203,36 @@ def test_bad_routes_are_refused_and_leave_the_table_unchanged(brokers):
     before = a.routes()
     with pytest.raises(InvalidArgument):
         a.create_route("Bad", "Target", address="tcp://somewhere:4022")
-    with pytest.raises(UnknownBroker):
-        a.create_route("Nowhere", "Target", address="ray://no-such-broker")
     with pytest.raises(AlreadyExists):
         a.create_route("R1", "Other", address="LOCAL")
     assert a.routes() == before
+
+
+def test_a_route_to_a_broker_started_later_warns_and_its_messages_go_when_it_starts(
+    make_broker, tmp_path
+):
+    a = make_broker(name=f"A-{uuid.uuid4().hex[:6]}")
+    t_name = f"T-{uuid.uuid4().hex[:6]}"  # not started yet
+    host(a)
+    [warning] = a.create_route("ToTarget", "Target", address=f"ray://{t_name}")
+    assert f"broker {t_name!r} is not running yet" in warning
+    assert [r["name"] for r in a.routes()] == ["AutoCreatedLocal", "ToTarget"]
+    h = a.begin_dialog("Init", "Target")
+    a.apply([Send(h, "DEFAULT", [b"1", b"2"])])
+    status = f"ray://{t_name}: broker {t_name!r} is not running; its messages wait until it starts"
+    wait_until(
+        lambda: [r["transmission_status"] for r in a.transmission_queue()] == [status] * 2,
+        timeout=30,
+        what="the messages to wait, saying the broker is not running",
+    )
+
+    t = make_broker(name=t_name)
+    host(t)
+    [g] = t.receive("TargetQueue", wait=30)
+    assert [m.body for m in g.messages] == [b"1", b"2"]
+    t.commit(g)
+    wait_until(lambda: sent_out(a), what="the acknowledgement")
+    assert a.create_route("Again", "Target", address=addr(t)) == []  # it runs now: no warning
 
 
 def test_routes_to_one_service_on_different_brokers_without_ids_warn(brokers):
@@ -260,7 +285,9 @@ def test_messages_for_an_unreachable_broker_wait_and_arrive_when_it_returns(make
     def waiting_with_reason():
         rows = a.transmission_queue()
         return len(rows) == 2 and all(
-            "unreachable" in r["transmission_status"] and r["attempts"] >= 2 for r in rows
+            r["transmission_status"].startswith(f"ray://{t_name}: broker {t_name!r} ")
+            and r["attempts"] >= 2
+            for r in rows
         )
 
     wait_until(waiting_with_reason, timeout=30, what="the messages to wait, saying why")

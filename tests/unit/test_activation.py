@@ -909,6 +909,7 @@ def test_a_queue_activation_and_its_alteration_survive_a_broker_restart(make_cor
     core.create(Queue("ActQ", activation=Activation(COUNT, max_readers=2)))
     core.alter("queue", "ActQ", {"activation": {"placement": "internal", "idle_timeout": 7}})
 
+    core.store.close()  # a restart: the old broker is gone before the new one opens the file
     reopened = make_core(path, catalog=False)
 
     assert reopened.catalog.queue("ActQ").activation == Activation(

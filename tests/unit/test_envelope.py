@@ -57,7 +57,7 @@ def test_begin_defaults_to_the_default_contract_and_a_fresh_uuid_handle():
     "op",
     [
         Begin("From", "To"),
-        Begin("From", "To", "C", "h-1", "broker-2", "c-9", "g-9", 60.0),
+        Begin("From", "To", "C", "h-1", "0b7e4f0e-2a55-4d39-9f0e-6a8f8c1d2e3f", "c-9", "g-9", 60.0),
         Send("h-1", "M", b"body"),
         Send(["h-1", "h-2"], "M", [b"", b"\x00\xff", b"x" * 100_000]),
         End("h-1"),
@@ -124,29 +124,33 @@ def test_a_body_that_is_not_bytes_is_an_invalid_argument(body):
         pack_ops([Send("h-1", "M", [b"ok", body])])
 
 
-_text = st.text(max_size=20)
-_maybe_text = st.none() | _text
+_name = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]{0,19}", fullmatch=True)
+_handle = st.text(min_size=1, max_size=20)  # a handle is any non-empty string
+_maybe_handle = st.none() | _handle
+_broker = st.none() | st.uuids().map(str)
 _seconds = st.floats(0, 2**31 - 1)  # what an operation may carry as a time
+_code = st.integers(1, 2**31 - 1)
 _ops = st.one_of(
     st.builds(
         Begin,
-        _text,
-        _text,
-        _text,
-        _text,
-        _maybe_text,
-        _maybe_text,
-        _maybe_text,
+        _name,
+        _name,
+        _name,
+        _handle,
+        _broker,
+        _maybe_handle,
+        _maybe_handle,
         st.none() | _seconds.filter(lambda x: x > 0),
     ),
     st.builds(
         Send,
-        _text | st.lists(_text, max_size=3),
-        _text,
+        _handle | st.lists(_handle, min_size=1, max_size=3),
+        _name,
         st.binary(max_size=50) | st.lists(st.binary(max_size=50), max_size=3),
     ),
-    st.builds(End, _text, st.none() | st.integers(1, 2**31 - 1), _text, st.booleans()),
-    st.builds(Timer, _text, _seconds | st.integers(0, 2**31 - 1)),
+    st.builds(End, _handle, st.none(), st.text(max_size=20), st.booleans()),
+    st.builds(End, _handle, _code, st.text(min_size=1, max_size=20), st.just(False)),
+    st.builds(Timer, _handle, _seconds | st.integers(0, 2**31 - 1)),
 )
 
 

@@ -50,7 +50,8 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.ReaderRetired: errors.ReaderRetired("reader r-1 is no longer wanted"),
     errors.TopologyError: errors.TopologyError("t.yaml: brokers[0]: unknown key(s)"),
     errors.BrokerUnavailable: errors.BrokerUnavailable("unreachable"),
-    errors.StoreError: errors.StoreError("cannot open"),
+    errors.StoreError: errors.StoreError("/data/b.sqlite", "commit", "disk I/O error"),
+    errors.StoreInUse: errors.StoreInUse("/data/b.sqlite", "orders", 4242),
     errors.PeerUnreachable: errors.PeerUnreachable("B", "not running"),
     errors.ReaderLost: errors.ReaderLost("Q/pool-1", None, "actor died"),
 }

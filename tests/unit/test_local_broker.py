@@ -24,7 +24,7 @@ from actors import (
     Service,
 )
 from actors.audit import read_all
-from actors.errors import UnknownQueue
+from actors.errors import BrokerError, UnknownQueue
 
 
 @pytest.fixture
@@ -178,3 +178,23 @@ def test_a_stopped_local_broker_says_so(tmp_path):
 def test_bad_broker_options_are_refused_naming_the_option(options, named):
     with pytest.raises(InvalidArgument, match=named):
         LocalBroker("bad", **{"path": ":memory:", **options})
+
+
+@pytest.mark.parametrize("name", ["", "B 1", "B\n", " B", 7, None, ["B"], "x" * 200])
+def test_a_broker_name_that_cannot_be_an_address_is_refused(name):
+    with pytest.raises(InvalidArgument, match="broker name"):
+        LocalBroker(name, ":memory:")
+
+
+@pytest.mark.parametrize("bad", [["R"], {"R": 1}, 7, None])
+def test_a_route_named_by_a_value_that_is_no_name_is_refused_by_the_broker(broker, bad):
+    """As another client that does not check might send them, past this handle's own checks."""
+    before = broker.routes()
+    for call in (
+        ("alter_route", "routes", bad, {"address": "LOCAL"}, "r1"),
+        ("drop_route", "routes", bad, "r2"),
+        ("create_route", bad, {"name": "R", "address": "LOCAL"}, "r3"),
+    ):
+        with pytest.raises(BrokerError):
+            broker._call(*call)
+    assert broker.routes() == before

@@ -14,8 +14,10 @@ from actors.catalog import END_DIALOG, ERROR, Contract, MessageType, Queue, Serv
 from actors.core import BrokerCore, Limits
 from actors.dialogs import CONTRACT_NOT_ACCEPTED, LIFETIME_EXPIRED, parse_error_body
 from actors.envelope import Begin, End, Message, Send
-from actors.errors import ConversationEnded
+from actors.errors import BrokerError, ConversationEnded, UnknownBroker
+from actors.local import LocalBroker
 from actors.routing import match
+from actors.service import BrokerService
 from actors.store import Store
 from actors.transport import (
     CONVERSATION_NOT_FOUND,
@@ -429,7 +431,9 @@ def test_an_unreachable_broker_keeps_messages_queued_with_why_and_growing_backof
         rows = a.transmission_view()
         assert [r["sequence_number"] for r in rows] == [0, 1]
         for r in rows:
-            assert r["transmission_status"] == "ray://B unreachable (Unreachable)"
+            assert r["transmission_status"] == (
+                "ray://B: broker 'B' is not running; its messages wait until it starts"
+            )
             assert r["attempts"] == attempts
             assert r["next_attempt_at"] == pytest.approx(net.clock.now + delay)
         assert net.pump() == 0  # not due again before its backoff
@@ -467,6 +471,88 @@ def test_the_backoff_stops_growing_at_five_seconds(net, pair):
     (row,) = a.transmission_view()
     assert row["attempts"] == 12
     assert row["next_attempt_at"] == pytest.approx(net.clock.now + RETRY_MAX_S)
+
+
+# --- routes ahead of brokers ---------------------------------------------------------------------
+
+
+def test_a_route_may_name_a_broker_that_starts_later_and_its_messages_wait_for_it(net):
+    a = net.add("A", INIT)
+    route(a, "routes", "ToTarget", "Target", "ray://B")  # B is not running yet
+    h = begin(a, b"m0", b"m1")
+
+    net.pump()
+    net.later(0.05)
+
+    rows = a.transmission_view()
+    assert [r["sequence_number"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["transmission_status"] == (
+            "ray://B: broker 'B' is not running; its messages wait until it starts"
+        )
+        assert r["attempts"] == 2
+    b = net.add("B", TARGET)  # now it starts
+    net.later()
+
+    assert a.transmission_view() == []
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+    assert endpoint(a, handle=h)["far_broker"] == b.broker_id
+
+
+def _service_routes(net, *calls: tuple[str, tuple]) -> list:
+    """Route verbs on a `BrokerService` "A" whose peers are the network's brokers; each call's
+    result (or the error it raised)."""
+
+    async def run() -> list:
+        svc = BrokerService("A", ":memory:", peers=net.peers("A"))
+        out: list = []
+        try:
+            for verb, args in calls:
+                try:
+                    out.append(await getattr(svc, verb)(*args))
+                except Exception as exc:
+                    out.append(exc)
+            out.append(svc.core.routes_view("routes"))
+        finally:
+            await svc.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def test_creating_or_altering_a_route_to_a_broker_not_running_succeeds_with_a_warning(net):
+    record = {"name": "ToB", "service_name": "Target", "address": "ray://B"}
+
+    created, altered, routes = _service_routes(
+        net,
+        ("create_route", ("routes", record, "r1")),
+        ("alter_route", ("routes", "ToB", {"mirror_address": "ray://C"}, "r2")),
+    )
+
+    assert created == [
+        "route 'ToB': broker 'B' is not running yet; messages routed to it wait in the "
+        "transmission queue and go when it starts"
+    ]
+    assert altered == [created[0].replace("broker 'B'", "broker 'C'")]  # only what changed
+    [made] = [r for r in routes if r["name"] == "ToB"]
+    assert (made["address"], made["mirror_address"]) == ("ray://B", "ray://C")
+
+
+def test_a_route_that_the_core_refuses_gives_no_warning_and_changes_nothing(net):
+    bad = {"name": "ToB", "service_name": "Target", "address": "ray://B", "lifetime": -1}
+
+    [refused, routes] = _service_routes(net, ("create_route", ("routes", bad, "r1")))
+
+    assert isinstance(refused, BrokerError)
+    assert [r["name"] for r in routes] == ["AutoCreatedLocal"]
+
+
+def test_an_in_process_broker_refuses_a_route_to_another_broker():
+    with LocalBroker("solo") as solo:
+        with pytest.raises(UnknownBroker, match="runs in process without peers"):
+            solo.create_route("ToB", "Target", address="ray://B")
+        assert solo.create_route("Self", "Target", address="ray://solo") == []
+        assert [r["name"] for r in solo.routes()] == ["AutoCreatedLocal", "Self"]
 
 
 # --- load balancing (seed 002) -----------------------------------------------------------------
@@ -636,7 +722,7 @@ def test_with_both_forwarders_down_messages_wait_with_backoff(net, gateways):
 
     (row,) = a.transmission_view()
     assert row["attempts"] == 2
-    assert "unreachable" in row["transmission_status"]
+    assert "is not running; its messages wait until it starts" in row["transmission_status"]
 
 
 # --- forwarding --------------------------------------------------------------------------------
@@ -706,7 +792,10 @@ def test_an_unreachable_broker_behind_a_forwarder_is_retried_with_backoff(net, v
     for attempts, delay in [(1, 0.05), (2, 0.1), (3, 0.2)]:
         net.pump()
         (row,) = a.transmission_view()
-        assert row["transmission_status"] == "ray://F: F could not forward to ray://B (Unreachable)"
+        assert row["transmission_status"] == (
+            "ray://F: F could not forward to ray://B: broker 'B' is not running; its messages "
+            "wait until it starts"
+        )
         assert row["attempts"] == attempts
         assert row["next_attempt_at"] == pytest.approx(net.clock.now + delay)
         net.clock.advance(delay)

@@ -1,0 +1,300 @@
+"""Property-based fuzzing at the two boundaries a broker has: its client verbs and the calls of
+other brokers. For arbitrary values of every argument and arbitrary bundles: a typed error
+(`BrokerError`) or success, never anything else; the broker still answers; and a refused call
+leaves every view as it was. No Ray: a real `LocalBroker` on a SQLite file, and real
+`BrokerCore`s with their real couriers over in-process peers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from actors import Contract, LocalBroker, MessageType, Queue, Service
+from actors.catalog import Activation
+from actors.core import BrokerCore, Limits
+from actors.envelope import Begin, End, Send, Timer
+from actors.errors import BrokerError
+from actors.store import Store
+from actors.transport.wire import Bundle, unpack_reply
+from tests.fakes import FakeClock
+
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),  # NaN and both infinities included
+    st.text(max_size=12),
+    st.binary(max_size=12),
+)
+
+
+def nested(scalars):
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3),
+            st.dictionaries(st.text(max_size=6), inner, max_size=3),
+            st.tuples(inner, inner),
+        ),
+        max_leaves=6,
+    )
+
+
+anything = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.text(max_size=6), inner, max_size=3),
+        st.tuples(inner, inner),
+    ),
+    max_leaves=6,
+)
+# Plausible values reach further into a verb than noise does. Definitions and ops are built in
+# the test, not while drawing: building one is already a call that may be refused.
+HANDLE = "fuzz-dialog"  # a dialog the fixture begins, so verbs on handles reach it
+names = st.sampled_from(
+    ["Q", "S", "C", "M", HANDLE, "Q ", "Q\n", "", "x" * 300, "ray://nobody", "DEFAULT"]
+)
+numbers = st.sampled_from([0, 1, 5, 0.5, 30, 1000])
+
+
+class Build(tuple):
+    """(cls, args, kwargs) to construct inside the test."""
+
+
+def build(cls, *args, **kwargs):
+    return st.tuples(st.just(cls), st.tuples(*args), st.fixed_dictionaries(kwargs)).map(Build)
+
+
+definitions = st.one_of(
+    build(Queue, names, enabled=anything, retention=anything, poison_limit=anything),
+    build(MessageType, names, anything),
+    build(Contract, names, anything),
+    build(Service, names, names, anything),
+    build(Queue, names, activation=build(Activation, anything, anything, anything)),
+)
+ops = st.one_of(
+    build(Begin, names, names, names, lifetime=anything, related_group=anything),
+    build(Send, anything, names, anything),
+    build(End, anything, error=anything, description=anything, cleanup=anything),
+    build(Timer, anything, anything),
+)
+plausible = st.one_of(names, numbers, definitions, st.lists(ops, max_size=3), ops)
+value = st.one_of(plausible, anything)
+# What each parameter plausibly takes, so that calls get past the first check and reach deeper.
+TYPED = {
+    **dict.fromkeys(
+        ["name", "queue", "handle", "from_service", "to_service", "contract", "message_type",
+         "group_id", "service_name", "related_conversation", "related_group", "address",
+         "mirror_address", "table", "description"],
+        names,
+    ),
+    **dict.fromkeys(
+        ["lease", "lifetime", "timeout", "limit", "after_id", "max_groups", "top", "error"],
+        numbers,
+    ),
+    "kind": st.sampled_from(["queue", "service", "contract", "message_type", Queue, "bogus"]),
+    "definition": definitions,
+    "ops": st.lists(ops, max_size=3),
+    "body": st.binary(max_size=20),
+    "cleanup": st.booleans(),
+    "forwarding": st.booleans(),
+    "changes": st.dictionaries(st.sampled_from(["enabled", "address", "poison_limit"]), value),
+}  # fmt: skip
+
+
+def materialize(v):
+    """Construct what `v` describes (raising what the constructors raise)."""
+    if isinstance(v, Build):
+        cls, args, kwargs = v
+        return cls(*map(materialize, args), **{k: materialize(x) for k, x in kwargs.items()})
+    if isinstance(v, list):
+        return [materialize(x) for x in v]
+    return v
+
+
+# `wait` blocks for as long as it says when valid: draw only zero or invalid waits.
+waits = st.sampled_from([0, 0.0, math.nan, math.inf, -1, "1", True, None, [1], 2**70])
+
+VERBS = [
+    "create", "alter", "drop", "apply", "begin_dialog", "send", "end_conversation",
+    "begin_conversation_timer", "move_conversation", "receive", "get_conversation_group",
+    "settle", "commit", "rollback", "create_route", "alter_route", "drop_route", "routes",
+    "configure", "endpoints", "queue", "queues", "groups", "transmission_queue", "events",
+    "audit",
+]  # fmt: skip
+
+
+def snapshot(b: LocalBroker) -> dict:
+    key = "conversation_handle"
+    return {
+        "definitions": b.definitions(),
+        "endpoints": sorted(b.endpoints(), key=lambda e: e[key]),
+        "queues": b.queues(),
+        "groups": sorted(b.groups(), key=lambda g: g["conversation_group_id"]),
+        "transmission": b.transmission_queue(),
+        "routes": b.routes(),
+        "messages": b.queue("Q"),
+    }
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "b.sqlite"
+    with LocalBroker("fuzz", str(path)) as b:
+        b.create(MessageType("M"))
+        b.create(Contract("C", {"M": "any"}))
+        b.create(Queue("Q"))
+        b.create(Service("S", "Q", ["C"]))
+        b.apply([Begin("S", "S", "C", handle=HANDLE), Send(HANDLE, "M", b"hello")])
+        yield b
+
+
+@st.composite
+def calls(draw):
+    verb = draw(st.sampled_from(VERBS))
+    params = list(inspect.signature(getattr(LocalBroker, verb)).parameters.values())[1:]
+    args, kwargs = [], {}
+    noisy = draw(st.booleans())
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if draw(st.booleans()):
+                kwargs[draw(st.sampled_from(["enabled", "address", "bogus", "lifetime"]))] = draw(
+                    value
+                )
+            continue
+        optional = p.default is not inspect.Parameter.empty
+        if optional and draw(st.booleans()):
+            continue  # leave it to its default
+        if p.name == "wait":
+            v = draw(waits)
+        else:  # what the parameter takes; in a noisy call, noise one time in three
+            typed = TYPED.get(p.name, value)
+            v = draw(st.one_of(typed, typed, value) if noisy else typed)
+        if p.kind is p.KEYWORD_ONLY or (optional and draw(st.booleans())):
+            kwargs[p.name] = v
+        elif not kwargs:
+            args.append(v)
+        else:
+            kwargs[p.name] = v
+    return verb, args, kwargs
+
+
+@FUZZ
+@given(call=calls())
+def test_any_verb_with_any_arguments_is_done_or_refused_with_a_typed_error(broker, call):
+    verb, args, kwargs = call
+    before = snapshot(broker)
+    try:
+        args = [materialize(a) for a in args]
+        kwargs = {k: materialize(v) for k, v in kwargs.items()}
+        getattr(broker, verb)(*args, **kwargs)
+        event("done")
+    except BrokerError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert snapshot(broker) == before, f"{verb} was refused but changed the broker"
+    assert broker.info()["name"] == "fuzz"  # it still answers
+
+
+# --- the broker-to-broker boundary -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    core = BrokerCore(Store(":memory:"), FakeClock(), Limits(), "T")
+    core.create(MessageType("M", "json"))
+    core.create(Contract("C", {"M": "any"}))
+    core.create(Queue("Q"))
+    core.create(Service("S", "Q", ["C"]))
+    yield core
+    core.store.close()
+
+
+def core_snapshot(core: BrokerCore) -> dict:
+    return {
+        "endpoints": sorted(core.endpoints_view(), key=lambda e: e["conversation_handle"]),
+        "queues": core.queues_view(),
+        "groups": sorted(core.groups_view(), key=lambda g: g["conversation_group_id"]),
+        "transmission": core.transmission_view(),
+        "messages": core.queue_view("Q"),
+    }
+
+
+def good_bundle(core: BrokerCore, conv: str, seq: int = 0, body: bytes = b"{}") -> list:
+    return list(
+        Bundle(
+            conv, "S", "S", core.broker_id, "far", True, "C", None, 8, [seq], ["M"], [body], [0.0]
+        )
+    )
+
+
+fields = st.sampled_from(range(len(Bundle._fields)))
+wire_values = nested(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**63), max_value=2**64 - 1),  # what msgpack can carry
+        st.floats(),
+        st.text(max_size=12),
+        st.binary(max_size=12),
+    )
+)
+
+
+@st.composite
+def blobs(draw, core: BrokerCore):
+    """A call from another broker: noise, or bundles of which some fields are replaced."""
+    if draw(st.booleans()):
+        return draw(st.one_of(st.binary(max_size=40), wire_values.map(msgpack.packb)))
+    bundles = []
+    for _ in range(draw(st.integers(1, 3))):
+        b = good_bundle(core, f"fuzz-{draw(st.integers(0, 3))}", draw(st.integers(-1, 2)))
+        for _ in range(draw(st.integers(0, 2))):
+            b[draw(fields)] = draw(st.one_of(wire_values, names))
+        bundles.append(b)
+    return msgpack.packb(bundles, use_bin_type=True)
+
+
+def _deliver(core: BrokerCore, blob: bytes) -> bytes:
+    """The real courier's answer to a call (forwarding is off: it never calls a peer)."""
+    return asyncio.run(core.transport.courier(None).deliver(blob))
+
+
+@FUZZ
+@given(data=st.data())
+def test_any_call_from_another_broker_is_answered_and_a_refusal_changes_nothing(target, data):
+    blob = data.draw(blobs(target))
+    before = core_snapshot(target)
+
+    reply = _deliver(target, blob)
+
+    acks, refused = unpack_reply(reply)
+    if not acks:
+        assert core_snapshot(target) == before
+    assert target.queues_view()["Q"]["enabled"] is True  # it still answers
+
+
+def test_a_good_bundle_beside_a_malformed_one_is_still_taken(target):
+    conv = "fuzz-neighbour"
+    bad = good_bundle(target, "fuzz-bad")
+    bad[Bundle._fields.index("bodies")] = ["not bytes"]
+    blob = msgpack.packb([bad, good_bundle(target, conv)], use_bin_type=True)
+
+    acks, refused = unpack_reply(_deliver(target, blob))
+
+    assert [a.code for a in acks if a.conversation_id == conv] == [None]  # taken
+    assert refused or [a.code is not None for a in acks if a.conversation_id == "fuzz-bad"] == [
+        True
+    ]
