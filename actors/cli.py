@@ -25,12 +25,15 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    kwargs: dict[str, Any] = {}
-    if args.messages:
-        kwargs["messages"] = args.messages
-    elif args.quick:
-        kwargs["messages"] = 10_000
-    report = scenarios[args.scenario](**kwargs, progress=lambda s: print(f"... {s}", flush=True))
+    from .bench.report import Load
+    from .errors import InvalidArgument
+
+    try:
+        load = Load(messages=args.messages or (10_000 if args.quick else Load.messages))
+    except InvalidArgument as exc:
+        print(f"raybroker bench: {exc}", file=sys.stderr)
+        return 2
+    report = scenarios[args.scenario](load, progress=lambda s: print(f"... {s}", flush=True))
     print(report.table())
     if args.json:
         report.write_json(args.json)

@@ -62,50 +62,36 @@ class _Cursor(sqlite3.Cursor):
 
     def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
         self._sql = sql
-        try:
-            return super().execute(sql, parameters)
-        except _NOT_FAULTS:
-            raise
-        except sqlite3.Error as exc:
-            raise _fault(self.connection.path, sql, exc) from exc
+        return self._guarded(super().execute, sql, parameters)
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> _Cursor:
         self._sql = sql
-        try:
-            return super().executemany(sql, seq_of_parameters)
-        except _NOT_FAULTS:
-            raise
-        except sqlite3.Error as exc:
-            raise _fault(self.connection.path, sql, exc) from exc
+        return self._guarded(super().executemany, sql, seq_of_parameters)
 
     def executescript(self, sql_script: str, /) -> _Cursor:
         self._sql = sql_script
-        try:
-            return super().executescript(sql_script)
-        except _NOT_FAULTS:
-            raise
-        except sqlite3.Error as exc:
-            raise _fault(self.connection.path, sql_script, exc) from exc
+        return self._guarded(super().executescript, sql_script)
 
-    def _fetching(self, fetch: Any, *args: Any) -> Any:
+    def _guarded(self, step: Any, *args: Any) -> Any:
+        """Run one step of the statement (execute, fetch); a store fault is a StoreError."""
         try:
-            return fetch(*args)
+            return step(*args)
         except _NOT_FAULTS:
             raise
         except sqlite3.Error as exc:
             raise _fault(self.connection.path, getattr(self, "_sql", "SELECT"), exc) from exc
 
     def fetchone(self) -> Any:
-        return self._fetching(super().fetchone)
+        return self._guarded(super().fetchone)
 
     def fetchmany(self, size: int = 1) -> list[Any]:
-        return self._fetching(super().fetchmany, size)
+        return self._guarded(super().fetchmany, size)
 
     def fetchall(self) -> list[Any]:
-        return self._fetching(super().fetchall)
+        return self._guarded(super().fetchall)
 
     def __next__(self) -> Any:
-        return self._fetching(super().__next__)
+        return self._guarded(super().__next__)
 
 
 class Connection(sqlite3.Connection):

@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from dataclasses import asdict
 
 from .. import Begin, Queue, Send, Service, start_broker
 from ..catalog import Activation
@@ -23,30 +23,18 @@ from ..remote.client import Broker
 from ..remote.runtime import ensure_ray
 from ..store import Store
 from .local import raw_sqlite, receive_all
-from .report import Report, Row, percentile
+from .report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
-Progress = Callable[[str], None]
 REPEATS = 3  # throughput figures are the median of this many runs
 DISCARD = "actors.handlers:discard"
 STAMP = "actors.handlers:stamp_first_call"
 
 
 def run(
-    messages: int = 200_000,
-    dialogs: int = 100,
-    batch: int = 1000,
-    max_groups: int = 8,
-    trials: int = 7,
-    progress: Progress = print,
+    load: Load = DEFAULT_LOAD, max_groups: int = 8, trials: int = 7, progress: Progress = print
 ) -> Report:
-    messages -= messages % batch
-    params = {
-        "messages": messages,
-        "dialogs": dialogs,
-        "batch": batch,
-        "max_groups": max_groups,
-        "latency_trials": trials,
-    }
+    messages, dialogs, batch = load.messages, load.dialogs, load.batch
+    params = {**asdict(load), "max_groups": max_groups, "latency_trials": trials}
     report = Report("activation", params)
     ensure_ray()
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp:

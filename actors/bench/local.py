@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from dataclasses import asdict
 
 import psutil
 
@@ -23,34 +23,22 @@ from ..audit import read_all
 from ..remote.client import Broker
 from ..remote.runtime import ensure_ray
 from ..store import SCHEMA
-from .report import Report, Row, percentile
+from .report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
-Progress = Callable[[str], None]
 REPEATS = 3  # the end-to-end figure is the median run
 
 
 def run(
-    messages: int = 200_000,
-    dialogs: int = 100,
-    batch: int = 1000,
+    load: Load = DEFAULT_LOAD,
     body_bytes: int = 100,
     max_groups: int = 16,
     readers: int = 1,
     inflight: int = 4,
     progress: Progress = print,
 ) -> Report:
-    if messages % batch:
-        messages -= messages % batch
-    params = {
-        "messages": messages,
-        "dialogs": dialogs,
-        "batch": batch,
-        "body_bytes": body_bytes,
-        "max_groups": max_groups,
-        "readers": readers,
-        "inflight": inflight,
-    }
-    report = Report("local", params)
+    messages, dialogs, batch = load.messages, load.dialogs, load.batch
+    options = {"body_bytes": body_bytes, "max_groups": max_groups, "readers": readers}
+    report = Report("local", {**asdict(load), **options, "inflight": inflight})
     body = os.urandom(body_bytes)
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp:
         ensure_ray()

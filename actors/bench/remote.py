@@ -13,27 +13,18 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from dataclasses import asdict
 
 from .. import Begin, Queue, Service, start_broker
 from ..remote.client import Broker
 from ..remote.runtime import ensure_ray
 from .local import receive_all, send_all
-from .report import Report, Row, percentile
-
-Progress = Callable[[str], None]
+from .report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
 
-def run(
-    messages: int = 200_000,
-    dialogs: int = 100,
-    batch: int = 1000,
-    round_trips: int = 300,
-    progress: Progress = print,
-) -> Report:
-    messages -= messages % batch
-    params = {"messages": messages, "dialogs": dialogs, "batch": batch, "round_trips": round_trips}
-    report = Report("remote", params)
+def run(load: Load = DEFAULT_LOAD, round_trips: int = 300, progress: Progress = print) -> Report:
+    messages, dialogs, batch = load.messages, load.dialogs, load.batch
+    report = Report("remote", {**asdict(load), "round_trips": round_trips})
     ensure_ray()
     body = os.urandom(100)
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp:

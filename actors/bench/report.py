@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .. import checks
 
 
 @dataclass
@@ -16,6 +19,28 @@ class Row:
     p99_ms: float | None = None
     cpu_s_per_1k: float | None = None
     notes: str = ""
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a scenario sends: `messages` over `dialogs`, `batch` messages per call. Messages
+    round down to whole batches (at least one)."""
+
+    messages: int = 200_000
+    dialogs: int = 100
+    batch: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("messages", "dialogs", "batch"):
+            checks.whole(name, getattr(self, name), least=1)
+        whole_batches = max(self.batch, self.messages // self.batch * self.batch)
+        object.__setattr__(self, "messages", whole_batches)
+
+
+DEFAULT_LOAD = Load()
 
 
 @dataclass

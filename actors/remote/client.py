@@ -55,26 +55,54 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
     raise exc
 
 
-class _Backoff:
-    """How long to wait before retrying a call to a restarting broker, until `retry_s` is up."""
+class _Call:
+    """One verb call to the broker actor through Ray: numbered in its handle's order, retried
+    with the same number (and request id) while the broker restarts, until `retry_s` is up."""
 
-    def __init__(self, name: str, retry_s: float) -> None:
-        self.name, self.retry_s = name, retry_s
-        self.deadline = time.monotonic() + retry_s
+    def __init__(self, broker: Broker, method: str, args: tuple[Any, ...]) -> None:
+        self.broker, self.method, self.args = broker, method, args
+        self.seq = broker.issuer.issue()
+        self.ref: ray.ObjectRef | None = None  # set while Ray may still run the call
+        self.deadline = time.monotonic() + broker.retry_s
         self.delay = 0.05
 
-    def after(self, exc: Exception) -> float:
+    def submit(self) -> ray.ObjectRef:
+        b = self.broker
+        self.ref = b.actor.call.remote(b.issuer.order(self.seq), self.method, *self.args)
+        return self.ref
+
+    def answer(self, result: Any, post: Callable[[Any], Any] | None) -> Any:
+        self.ref = None
+        return post(result) if post else result
+
+    def failed(self, exc: ray.exceptions.RayError) -> float:
+        """Raise what the caller should see, or say how long to wait before trying again."""
+        self.ref = None  # answered, with an error
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            _reraise(exc)
+        if not isinstance(exc, _TRANSIENT):
+            raise exc
+        name = self.broker.name
         if isinstance(exc, ray.exceptions.ActorDiedError) and "creation task" in str(exc):
             # its constructor failed (a bad store path, say): it will not come back
             raise BrokerUnavailable(
-                f"broker {self.name!r} could not start; its constructor failed: {exc}"
+                f"broker {name!r} could not start; its constructor failed: {exc}"
             ) from None
         if time.monotonic() + self.delay > self.deadline:
             raise BrokerUnavailable(
-                f"broker {self.name!r} did not answer within {self.retry_s}s ({exc})"
+                f"broker {name!r} did not answer within {self.broker.retry_s}s ({exc})"
             ) from None
         delay, self.delay = self.delay, min(self.delay * 2, 1.0)
-        return delay
+        return delay  # the actor is restarting
+
+    def close(self) -> None:
+        """A call is answered when Ray has its reply: one interrupted before (KeyboardInterrupt,
+        a cancelled coroutine) may still run, so the order's floor must not pass it until then."""
+        issuer, seq = self.broker.issuer, self.seq
+        if self.ref is None:
+            issuer.answered(seq)
+        else:
+            self.ref.future().add_done_callback(lambda _: issuer.answered(seq))
 
 
 class Broker(Verbs):
@@ -98,27 +126,15 @@ class Broker(Verbs):
         return lock_holder()
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        backoff = _Backoff(self.name, self.retry_s)
-        issuer = self.issuer
-        seq = issuer.issue()
-        ref = None  # set while Ray may still run the call
+        call = _Call(self, method, args)
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
-                ref = self.actor.call.remote(issuer.order(seq), method, *args)
                 try:
-                    result = ray.get(ref)
+                    return call.answer(ray.get(call.submit()), post)
                 except ray.exceptions.RayError as exc:
-                    ref = None  # answered, with an error
-                    if isinstance(exc, ray.exceptions.RayTaskError):
-                        _reraise(exc)
-                    if not isinstance(exc, _TRANSIENT):
-                        raise
-                    time.sleep(backoff.after(exc))  # the actor is restarting
-                    continue
-                ref = None
-                return post(result) if post else result
+                    time.sleep(call.failed(exc))
         finally:
-            _answered(issuer, seq, ref)
+            call.close()
 
     def stop(self, delete_store: bool = False) -> None:
         """Stop this broker for good: kill its actor with no restart and wait until its name is
@@ -137,15 +153,6 @@ class Broker(Verbs):
             for f in (path, f"{path}-wal", f"{path}-shm", lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f)
-
-
-def _answered(issuer: Issuer, seq: int, ref: ray.ObjectRef | None) -> None:
-    """A call is answered when Ray has its reply: one interrupted before (KeyboardInterrupt,
-    a cancelled coroutine) may still run, so the order's floor must not pass it until then."""
-    if ref is None:
-        issuer.answered(seq)
-    else:
-        ref.future().add_done_callback(lambda _: issuer.answered(seq))
 
 
 def _holds_name(broker: Broker) -> bool:
@@ -171,28 +178,15 @@ class AsyncBroker(Verbs):
         return lock_holder()
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        sync = self._sync
-        backoff = _Backoff(self.name, sync.retry_s)
-        issuer = sync.issuer  # one order for the handle, sync and async calls alike
-        seq = issuer.issue()
-        ref = None  # set while Ray may still run the call
+        call = _Call(self._sync, method, args)  # one order for the handle, sync and async alike
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
-                ref = sync.actor.call.remote(issuer.order(seq), method, *args)
                 try:
-                    result = await ref
+                    return call.answer(await call.submit(), post)
                 except ray.exceptions.RayError as exc:
-                    ref = None  # answered, with an error
-                    if isinstance(exc, ray.exceptions.RayTaskError):
-                        _reraise(exc)
-                    if not isinstance(exc, _TRANSIENT):
-                        raise
-                    await asyncio.sleep(backoff.after(exc))
-                    continue
-                ref = None
-                return post(result) if post else result
+                    await asyncio.sleep(call.failed(exc))
         finally:
-            _answered(issuer, seq, ref)
+            call.close()
 
 
 def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:

@@ -44,3 +44,8 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
 def test_an_unknown_bench_scenario_is_a_clear_error(capsys):
     assert main(["bench", "nope"]) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err
+
+
+def test_a_bad_message_count_for_a_bench_is_a_clear_error(capsys):
+    assert main(["bench", "local", "--messages", "-5"]) == 2
+    assert "messages" in capsys.readouterr().err

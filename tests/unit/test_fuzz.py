@@ -52,15 +52,7 @@ def nested(scalars):
     )
 
 
-anything = st.recursive(
-    scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3),
-        st.dictionaries(st.text(max_size=6), inner, max_size=3),
-        st.tuples(inner, inner),
-    ),
-    max_leaves=6,
-)
+anything = nested(scalars)
 # Plausible values reach further into a verb than noise does. Definitions and ops are built in
 # the test, not while drawing: building one is already a call that may be refused.
 HANDLE = "fuzz-dialog"  # a dialog the fixture begins, so verbs on handles reach it

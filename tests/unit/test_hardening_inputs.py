@@ -35,6 +35,17 @@ def refused(core, snapshot, error, call, match: str | None = None):
     assert snapshot(core) == before
 
 
+def refused_schema(core, snapshot, schema, match=None):
+    """CREATE MESSAGE TYPE with this schema is refused and changes nothing."""
+    refused(
+        core,
+        snapshot,
+        InvalidDefinition,
+        lambda: core.create(MessageType("Refused", "json_schema", schema)),
+        match=match,
+    )
+
+
 def nested(depth: int, kind: str = "list"):
     """`depth` lists (or {"not": ...} dicts) inside each other, built without recursion."""
     value: object = [] if kind == "list" else {}
@@ -134,12 +145,11 @@ def test_a_failure_of_the_schema_library_while_checking_a_body_is_validation_fai
     ids=["pointer", "nested-pointer", "anchor", "remote", "relative"],
 )
 def test_a_schema_whose_ref_cannot_be_resolved_is_refused_at_create(core, snapshot, schema):
-    refused(
+    refused_schema(
         core,
         snapshot,
-        InvalidDefinition,
-        lambda: core.create(MessageType("Refs", "json_schema", schema)),
-        match="'Refs' has an invalid JSON schema: a \\$ref cannot be resolved",
+        schema,
+        match="'Refused' has an invalid JSON schema: a \\$ref cannot be resolved",
     )
 
 
@@ -163,13 +173,7 @@ def test_a_schema_whose_refs_resolve_within_it_is_accepted_and_checks_bodies(cor
 
 @pytest.mark.parametrize("schema", [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}])
 def test_a_schema_that_refers_to_itself_without_end_is_refused_at_create(core, snapshot, schema):
-    refused(
-        core,
-        snapshot,
-        InvalidDefinition,
-        lambda: core.create(MessageType("Loop", "json_schema", schema)),
-        match="refers to itself without end",
-    )
+    refused_schema(core, snapshot, schema, match="refers to itself without end")
 
 
 @pytest.mark.parametrize(
@@ -181,12 +185,7 @@ def test_a_schema_that_refers_to_itself_without_end_is_refused_at_create(core, s
     ],
 )
 def test_a_schema_with_a_regex_that_does_not_compile_is_refused_at_create(core, snapshot, schema):
-    refused(
-        core,
-        snapshot,
-        InvalidDefinition,
-        lambda: core.create(MessageType("Rx", "json_schema", schema)),
-    )
+    refused_schema(core, snapshot, schema)
 
 
 @pytest.mark.parametrize(
@@ -209,13 +208,7 @@ def test_a_schema_with_a_catastrophic_regex_is_refused_at_create(core, snapshot,
         "patternProperties": {"type": "object", "patternProperties": {pattern: {}}},
         "nested": {"items": {"properties": {"s": {"anyOf": [{"pattern": pattern}]}}}},
     }[where]
-    refused(
-        core,
-        snapshot,
-        InvalidDefinition,
-        lambda: core.create(MessageType("Rx", "json_schema", schema)),
-        match="backtrack exponentially",
-    )
+    refused_schema(core, snapshot, schema, match="backtrack exponentially")
 
 
 @pytest.mark.parametrize(
