@@ -27,6 +27,8 @@ from .errors import (
     MessageError,
     NotFound,
     QueueDisabled,
+    StoreError,
+    StoreInUse,
     ValidationFailed,
 )
 from .limits import Limits
@@ -89,6 +91,8 @@ __all__ = [
     "NotFound",
     "Queue",
     "QueueDisabled",
+    "StoreError",
+    "StoreInUse",
     "ReceivedGroup",
     "Send",
     "Service",

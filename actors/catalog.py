@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import re
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -25,6 +24,7 @@ from .errors import (
     UnknownQueue,
     UnknownService,
 )
+from .names import check_name
 
 VALIDATIONS = ("none", "empty", "json", "msgpack", "json_schema")
 SIDES = ("initiator", "target", "any")
@@ -40,18 +40,6 @@ SYSTEM_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})
 # Built in, like SQL Server's DEFAULT message type and contract and its ServiceEcho contract.
 DEFAULT = "DEFAULT"
 ECHO_CONTRACT = "Echo"
-
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]{0,127}")
-
-
-def check_name(kind: str, name: object) -> str:
-    # fullmatch: with match and "$" a trailing newline passed ("Q\n" matched "^Q$")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidDefinition(
-            f"{kind} name {shown(name)} is not valid: use 1-128 characters from letters, digits "
-            "and _ . : / - (not starting with punctuation; no spaces or newlines)"
-        )
-    return name
 
 
 @dataclass(frozen=True)

@@ -91,8 +91,9 @@ class Send:
         )
         if not handles:
             raise InvalidArgument("send needs at least one conversation handle")
-        for handle in handles:
-            _handle("conversation handle", handle)
+        if not all(type(h) is str and 0 < len(h) <= MAX_HANDLE for h in handles):
+            for handle in handles:  # find the bad one, to name it
+                _handle("conversation handle", handle)
         object.__setattr__(self, "handles", handles)
         object.__setattr__(self, "message_type", _name("message type", message_type))
         if isinstance(bodies, bytes | bytearray):
