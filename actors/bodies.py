@@ -317,3 +317,11 @@ class BodyValidator:
 
     def _fail(self, why: str) -> NoReturn:
         raise ValidationFailed(f"body of message type {self.name!r} {why}")
+
+
+def plain_json_object(value: Any) -> bool:
+    """Whether `value` is a dict that JSON carries unchanged (str keys, plain values)."""
+    try:
+        return isinstance(value, dict) and json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError, RecursionError):
+        return False

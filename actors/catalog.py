@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from .bodies import MAX_DEFINITION_DEPTH, BodyValidator, shown, too_deep
+from .bodies import MAX_DEFINITION_DEPTH, BodyValidator, plain_json_object, shown, too_deep
 from .errors import (
     AlreadyExists,
     InUse,
@@ -36,6 +36,8 @@ ERROR = "Error"
 DIALOG_TIMER = "DialogTimer"
 ECHO = "Echo"
 SYSTEM_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})
+# A router's answer in redirect mode (actors.ddr): the target side may send it on any contract.
+REDIRECT = "Redirect"
 
 # Built in, like SQL Server's DEFAULT message type and contract and its ServiceEcho contract.
 DEFAULT = "DEFAULT"
@@ -85,6 +87,7 @@ class Activation:
     enabled: bool = True
     max_groups: int = 8
     lease: float = 30.0
+    options: Mapping[str, Any] | None = None  # JSON-able, given to the handler as `ctx.options`
 
     def __post_init__(self) -> None:
         if callable(self.handler):
@@ -224,6 +227,7 @@ class Catalog:
         self._validators: dict[str, BodyValidator] = {}
         self.add(MessageType(DEFAULT))
         self.add(MessageType(ECHO))
+        self.add(MessageType(REDIRECT, "json"))
         self.add(Contract(DEFAULT, {DEFAULT: "any"}))
         self.add(Contract(ECHO_CONTRACT, {ECHO: "any"}))
 
@@ -231,6 +235,7 @@ class Catalog:
         {
             ("message_type", DEFAULT),
             ("message_type", ECHO),
+            ("message_type", REDIRECT),
             ("contract", DEFAULT),
             ("contract", ECHO_CONTRACT),
         }
@@ -472,12 +477,18 @@ def check_activation(queue: str, act: Any) -> None:
         )
     if not isinstance(act.enabled, bool):
         raise InvalidDefinition(f"queue {queue!r}: activation enabled must be True or False")
+    if act.options is not None and not plain_json_object(act.options):
+        raise InvalidDefinition(
+            f"queue {queue!r}: activation options must be a JSON object, not {shown(act.options)}"
+        )
 
 
 def may_send(contract: Contract, message_type: str, is_initiator: bool) -> bool:
     """Whether one side of a dialog on `contract` may send `message_type` (system types always)."""
     if message_type in SYSTEM_TYPES:
         return True
+    if message_type == REDIRECT:
+        return not is_initiator
     side = contract.messages.get(message_type)
     if side is None:
         return False

@@ -26,7 +26,7 @@ IMPLICIT_LOCAL = "ImplicitLocal"  # name of the route step 6 stands in for; neve
 STEPS = {
     1: "service and broker instance",
     2: "service without broker instance",
-    3: "service, broker instance picked by conversation id",
+    3: "service, broker instance picked by conversation id",  # draining routes skipped
     4: "dynamic routing",
     5: "wildcard route",
     6: "implicit LOCAL",
@@ -118,7 +118,9 @@ class Route:
     """Where messages for a service (None: any) on a broker id (None: any) go.
 
     address: "LOCAL", "TRANSPORT" or "ray://<broker>"; mirror_address: a second "ray://" address
-    for the same target (tried too); expires_at: absolute time after which the route is ignored.
+    for the same target (tried too); expires_at: absolute time after which the route is ignored;
+    draining: the route takes no new dialogs (step 3 and `balance` skip it) but still carries the
+    dialogs pinned to its broker instance (step 1).
     """
 
     name: str
@@ -127,9 +129,14 @@ class Route:
     address: str = LOCAL
     mirror_address: str | None = None
     expires_at: float | None = None
+    draining: bool = False
 
     def __post_init__(self) -> None:
         _valid_name("route", self.name)
+        if not isinstance(self.draining, bool):  # "no" or 0 are not False
+            raise InvalidArgument(
+                f"route {self.name!r}: draining must be True or False, not {self.draining!r}"
+            )
         if self.service_name is not None:
             _valid_name("service", self.service_name)
         if self.broker_instance is not None:
@@ -197,7 +204,7 @@ def target_hazards(routes: Iterable[Route], now: float) -> list[str]:
             f"{sorted(by_addr)} without a broker instance: if these reach different brokers, one "
             "dialog can create a target endpoint on each (multiple target endpoints). Give each "
             "route broker_instance=<its target broker's id> (routes to different brokers then "
-            "load-balance by conversation id); if they are alternative paths to one broker, give "
+            "share new dialogs round-robin); if they are alternative paths to one broker, give "
             "them all that broker's id"
         )
     return warnings
@@ -326,11 +333,11 @@ def match(
         return found(1, rs)
     if rs := [r for r in named if r.broker_instance is None]:
         return found(2, rs)
-    if bi is None and (rs := [r for r in named if r.broker_instance is not None]):
+    if bi is None and (ids := _step_3_ids(named)):
+        # a dialog not pinned at BEGIN (begun before round-robin, or its routes changed since):
         # hash over DISTINCT ids, so extra routes (paths) to one broker do not weigh its share
-        ids = sorted({r.broker_instance for r in rs if r.broker_instance is not None})
         pick = ids[load_balance_key(conversation_id) % len(ids)]
-        return found(3, [r for r in rs if r.broker_instance == pick], pick)
+        return found(3, [r for r in named if r.broker_instance == pick and not r.draining], pick)
     if dynamic is not None:
         offered = dynamic(service_name, bi) or ()
         rs = [
@@ -348,6 +355,30 @@ def match(
         return found(6, [Route(IMPLICIT_LOCAL, service_name, bi, LOCAL)])
     expired = [r for r in every if not r.live(now) and r.service_name in (None, service_name)]
     return Match(7, service_name, conversation_id, reason=_delay_reason(expired, service_name, bi))
+
+
+def _step_3_ids(named: Iterable[Route]) -> list[str]:
+    """The broker ids step 3 picks among: those of live routes for the service that give one and
+    are not draining, distinct and sorted."""
+    return sorted({r.broker_instance for r in named if r.broker_instance and not r.draining})
+
+
+def balance(routes: Iterable[Route], service_name: str, now: float, turn: int) -> str | None:
+    """The broker instance a NEW dialog for `service_name` is pinned to at BEGIN: round-robin
+    (`turn` counts the dialogs balanced so far) over the ids step 3 would pick among.
+
+    Only when step 3 has a choice: the service's live routes give two or more distinct broker
+    instances (draining ones count here, so the others still get pinned while one drains) and
+    every one of them gives a broker instance (else step 2 would win). Otherwise None: the
+    dialog is routed as before (one broker id behind several paths stays unpinned until its
+    first acknowledgement)."""
+    named = [r for r in routes if r.live(now) and r.service_name == service_name]
+    if any(r.broker_instance is None for r in named):
+        return None
+    if len({r.broker_instance for r in named}) < 2:
+        return None
+    ids = _step_3_ids(named)
+    return ids[turn % len(ids)] if ids else None
 
 
 def _delay_reason(expired: list[Route], service_name: str, bi: str | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import checks
 from .activation import ReaderLauncher, ReaderPools
+from .activation.port import InternalPort
 from .catalog import Queue, check_name, from_record
 from .core import BrokerCore, Limits
 from .envelope import Begin, Op, ReceivedGroup, Timer, pack_received, unpack_ops
@@ -456,42 +457,13 @@ class BrokerService:
             "transmission_queue": self.core.transmission_view,
             "events": self.core.events_view,
             "audit": self.core.audit,
+            "router": self._router_view,
         }
         if name not in views:
             raise InvalidArgument(f"unknown view {name!r}; use one of {sorted(views)}")
         return views[name](**kwargs)
 
+    def _router_view(self, queue: str, service: str) -> dict[str, Any]:
+        from .ddr.views import router  # only router replicas use it
 
-class InternalPort:
-    """The broker itself as a reader port, for readers on its own event loop: no call per batch,
-    the same settle path as every client."""
-
-    def __init__(self, service: BrokerService) -> None:
-        self.service = service
-
-    async def receive(
-        self,
-        queue: str,
-        *,
-        max_groups: int,
-        wait: float,
-        lease: float,
-        reader: str | None,
-        commit: list[str],
-        rollback: list[str],
-        ops: list[Any],
-        states: dict[str, bytes | None],
-    ) -> list[ReceivedGroup]:
-        settle = (commit, rollback, ops, states, None) if commit or rollback else None
-        options = {"max_groups": max_groups, "lease_s": lease}
-        return await self.service.receive_groups(queue, wait, options, None, settle, reader)
-
-    async def settle(
-        self,
-        *,
-        commit: list[str],
-        rollback: list[str],
-        ops: list[Any],
-        states: dict[str, bytes | None],
-    ) -> Any:
-        return self.service.settle_groups(commit, rollback, ops, states, None)
+        return router(service, self.core.groups_view(queue))

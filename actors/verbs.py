@@ -222,6 +222,10 @@ class Verbs:
             "lease_s": lease,
         }
         if lock is not None:
+            if not isinstance(lock, ReceivedGroup | str):
+                raise InvalidArgument(
+                    f"lock must be one received group or one lock id, not {type(lock).__name__}"
+                )
             options["lock_id"] = lock_ids(lock)[0]
         settle = None
         commit, rollback = lock_ids(commit), lock_ids(rollback)
@@ -292,6 +296,7 @@ class Verbs:
         address: str = "LOCAL",
         mirror_address: str | None = None,
         lifetime: float | None = None,
+        draining: bool = False,
         *,
         table: str = "routes",
         request_id: str | None = None,
@@ -299,7 +304,8 @@ class Verbs:
         """CREATE ROUTE: in this broker's own routes (`table="routes"`, for dialogs begun here)
         or its instance routes (`table="instance"`, for messages arriving from other brokers).
         `address` is "LOCAL", "TRANSPORT" or "ray://<broker>"; `lifetime` in seconds from now,
-        by the broker's clock. Returns warnings (e.g. the multiple-target-endpoints
+        by the broker's clock; `draining=True`: the route takes no new dialogs but still serves
+        those pinned to its broker instance. Returns warnings (e.g. the multiple-target-endpoints
         hazard)."""
         record = {
             "name": name,
@@ -308,8 +314,10 @@ class Verbs:
             "address": address,
             "mirror_address": mirror_address,
             "lifetime": lifetime,
+            "draining": draining,
         }
         _route_table(table)
+        checks.flag("draining", draining)
         return self._call("create_route", table, record, _request_id(request_id))
 
     def alter_route(
@@ -370,6 +378,13 @@ class Verbs:
         `limit` commits' worth. Returns {"records": [...], "next": id to pass as `after_id`}
         (see `actors.audit` for the record's fields)."""
         return self._call("view", "audit", {"after_id": after_id, "limit": limit})
+
+    def router(self, queue: str, service: str) -> Any:
+        """A router replica (actors.ddr): its live mappings (inbound, outbound, target service,
+        since) and its counts of dialogs routed, messages forwarded and errors."""
+        check_name("queue", queue)
+        check_name("service", service)
+        return self._call("view", "router", {"queue": queue, "service": service})
 
 
 class BrokerHandle(Protocol):
@@ -451,6 +466,7 @@ class BrokerHandle(Protocol):
         address: str = "LOCAL",
         mirror_address: str | None = None,
         lifetime: float | None = None,
+        draining: bool = False,
         *,
         table: str = "routes",
         request_id: str | None = None,
@@ -472,4 +488,5 @@ class BrokerHandle(Protocol):
     def transmission_queue(self, limit: int = 1000) -> list[dict[str, Any]]: ...
     def events(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]: ...
     def audit(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]: ...
+    def router(self, queue: str, service: str) -> dict[str, Any]: ...
     def stop(self, delete_store: bool = False) -> None: ...

@@ -55,6 +55,7 @@ class PoolsHost(Protocol):
 @dataclass
 class _Pool:
     readers: dict[str, asyncio.Future] = field(default_factory=dict)
+    started_with: dict[str, Activation] = field(default_factory=dict)  # reader -> its activation
     processes: dict[str, Any] = field(default_factory=dict)  # pool readers' processes
     spare: Any = None  # a started, idle reader process (the policy says when)
 
@@ -78,8 +79,11 @@ class ReaderPools:
         return q.activation
 
     def wants(self, queue: str, reader: str) -> bool:
+        """Whether `reader` should go on: its queue is active, and with the activation it was
+        started with (an altered activation, a new handler or options, retires it)."""
         pool = self.pools.get(queue)
-        return self.activation(queue) is not None and pool is not None and reader in pool.readers
+        act = self.activation(queue)
+        return act is not None and pool is not None and pool.started_with.get(reader) == act
 
     def readers(self, queue: str) -> int:
         pool = self.pools.get(queue)
@@ -130,12 +134,14 @@ class ReaderPools:
         else:
             task = asyncio.ensure_future(self._run_pooled(queue, act, rid, pool))
         pool.readers[rid] = task
+        pool.started_with[rid] = act
         task.add_done_callback(lambda _t: self._ended(queue, rid))
 
     def _ended(self, queue: str, rid: str) -> None:
         pool = self.pools.get(queue)
         if pool is not None:
             pool.readers.pop(rid, None)
+            pool.started_with.pop(rid, None)
         self.nudge(queue)  # more may have come while it was leaving
 
     async def _run_internal(self, queue: str, act: Activation, rid: str) -> None:

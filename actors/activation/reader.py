@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,8 +34,9 @@ class HandlerContext:
     """What a handler may do while it holds one conversation group; all of it commits with the
     receive, or none of it if the handler raises."""
 
-    def __init__(self, group: ReceivedGroup) -> None:
+    def __init__(self, group: ReceivedGroup, options: Mapping[str, Any] | None = None) -> None:
         self.group = group
+        self.options: Mapping[str, Any] = options or {}  # the activation's `options`
         self.ops: list[Op] = []
         self._state = group.state
         self.state_changed = False
@@ -108,11 +109,13 @@ class Outcome:
         return out
 
 
-def run_handler(handler: Handler, groups: Sequence[ReceivedGroup]) -> Outcome:
+def run_handler(
+    handler: Handler, groups: Sequence[ReceivedGroup], options: Mapping[str, Any] | None = None
+) -> Outcome:
     """Call the handler once per group. A group whose handler raises is rolled back."""
     out = Outcome()
     for g in groups:
-        ctx = HandlerContext(g)
+        ctx = HandlerContext(g, options)
         try:
             handler(g, ctx)
         except Exception:
@@ -189,7 +192,7 @@ async def read_until_idle(
         stats.turns += 1
         if not groups:
             continue
-        pending = await asyncio.to_thread(run_handler, handler, groups)
+        pending = await asyncio.to_thread(run_handler, handler, groups, act.options)
         idle_since = clock()  # idle counts from the end of the work, however long it took
         stats.handled += pending.handled
         stats.failed += pending.failed

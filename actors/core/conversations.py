@@ -18,6 +18,7 @@ from ..errors import (
     GroupLocked,
     InvalidArgument,
 )
+from ..routing import balance
 from .delivery import Delivery
 from .work import Changes, Part, UnitOfWork
 
@@ -53,10 +54,18 @@ class Conversations(Part):
         if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
             raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
         lifetime = checks.seconds("dialog lifetime", op.lifetime, none=True)
+        far_broker = op.to_broker  # an explicit to_broker is never overridden
+        if far_broker is None:
+            # step 3 would pick among several brokers: pin one round-robin now, as to_broker
+            # would, so every message of the dialog goes there, before and after the first ack
+            turn = st.turns.get(op.to_service, 0)
+            far_broker = balance(st.routes["routes"], op.to_service, w.now, turn)
+            if far_broker is not None:
+                st.take_turn(w, op.to_service)
         local_target = st.catalog.services.get(op.to_service)
         if (
             local_target is not None
-            and op.to_broker in (None, st.broker_id)
+            and far_broker in (None, st.broker_id)
             and contract.name not in local_target.contracts
         ):
             raise ContractViolation(
@@ -91,7 +100,7 @@ class Conversations(Part):
             contract=contract.name,
             group_no=group_no,
             expires_at=None if lifetime is None else w.now + lifetime,
-            far_broker=op.to_broker,
+            far_broker=far_broker,
         )
         return op.handle
 

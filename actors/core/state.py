@@ -86,6 +86,8 @@ class BrokerState:
                 saved[table].append(Route.from_record(rec))
             self.routes = {t: RouteTable(saved[t]) for t in ROUTE_TABLES}
         self.forwarding = store.get_meta("forwarding") == "1"
+        # service -> dialogs pinned round-robin so far; memory only: a restart begins at 0 again
+        self.turns: dict[str, int] = {}
 
     # --- lookups ---------------------------------------------------------------------------------
 
@@ -179,6 +181,12 @@ class BrokerState:
         if ep_no in self.parked:
             self.parked.discard(ep_no)
             w.undo.append(lambda: self.parked.add(ep_no))
+
+    def take_turn(self, w: Changes, service: str) -> None:
+        """Count one more dialog pinned round-robin for `service` (undone if the verb fails)."""
+        turn = self.turns.get(service, 0)
+        self.turns[service] = turn + 1
+        w.undo.append(lambda: self.turns.__setitem__(service, turn))
 
     # --- timers ----------------------------------------------------------------------------------
 

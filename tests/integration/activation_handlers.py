@@ -52,3 +52,10 @@ def always_fail(group, ctx) -> None:
 def hang(group, ctx) -> None:
     """A handler that never returns (in test time)."""
     threading.Event().wait(600)
+
+
+def reply_to_orders(group, ctx) -> None:
+    """A regional sales service: answers every Order with a Reply carrying the same body."""
+    for m in group.messages:
+        if m.message_type == "Order":
+            ctx.send(m.conversation_handle, "Reply", m.body)

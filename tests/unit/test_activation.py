@@ -890,6 +890,7 @@ def test_a_queue_with_activation_round_trips_through_its_record():
         "enabled": True,
         "max_groups": 8,
         "lease": 9,
+        "options": None,
     }
     assert from_record("queue", json.loads(json.dumps(rec))) == q
     assert from_record("queue", to_record(Queue("Plain"))) == Queue("Plain")

@@ -15,6 +15,7 @@ from actors.catalog import (
     ECHO_CONTRACT,
     END_DIALOG,
     ERROR,
+    REDIRECT,
     SYSTEM_TYPES,
     BodyValidator,
     Catalog,
@@ -140,9 +141,13 @@ def test_a_record_with_an_unknown_field_is_an_invalid_definition():
 # --- built-ins -------------------------------------------------------------------------------
 
 
-def test_a_new_catalog_has_the_built_in_default_and_echo_types_and_contracts():
+def test_a_new_catalog_has_the_built_in_default_echo_and_redirect_types_and_contracts():
     c = Catalog()
-    assert c.message_types == {DEFAULT: MessageType(DEFAULT), ECHO: MessageType(ECHO)}
+    assert c.message_types == {
+        DEFAULT: MessageType(DEFAULT),
+        ECHO: MessageType(ECHO),
+        REDIRECT: MessageType(REDIRECT, "json"),
+    }
     assert c.contracts == {
         DEFAULT: Contract(DEFAULT, {DEFAULT: "any"}),
         ECHO_CONTRACT: Contract(ECHO_CONTRACT, {ECHO: "any"}),

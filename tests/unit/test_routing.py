@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from actors.routing import (
     Match,
     Route,
     RouteTable,
+    balance,
     choose,
     load_balance_key,
     match,
@@ -233,6 +235,113 @@ def test_the_pick_is_the_same_in_other_processes_whatever_their_hash_seed():
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
         )
         assert out.stdout.split() == expected
+
+
+# --- round-robin at BEGIN and draining routes ----------------------------------------------------
+
+
+def test_balance_goes_round_robin_over_the_distinct_broker_ids_in_sorted_order():
+    routes = [
+        Route("Z", "S", B3, "ray://Z"),
+        Route("A", "S", B1, "ray://X"),
+        Route("Abis", "S", B1, "ray://Y"),  # a second path to B1 does not give it a second turn
+        Route("M", "S", B2, "ray://M"),
+        WILD,
+    ]
+    assert [balance(routes, "S", NOW, t) for t in range(7)] == [B1, B2, B3, B1, B2, B3, B1]
+
+
+def test_3000_turns_over_three_broker_ids_are_exactly_even():
+    routes = [Route(f"R{i}", "S", bi, "ray://X") for i, bi in enumerate((B1, B2, B3))]
+    counts = Counter(balance(routes, "S", NOW, t) for t in range(3000))
+    assert counts == {B1: 1000, B2: 1000, B3: 1000}
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [
+        [],  # no route: nothing to balance
+        [WILD],  # step 5
+        [Route("Any", "S", None, "ray://Y"), Route("B1", "S", B1, "ray://X")],  # step 2 wins
+        [Route("B1", "S", B1, "ray://X"), Route("B1bis", "S", B1, "ray://Y")],  # one id: no choice
+        [Route("T1", "T", B1, "ray://X"), Route("T2", "T", B2, "ray://Y")],  # another service
+        [Route("B1", "S", B1, "ray://X", expires_at=NOW), Route("B2", "S", B2, "ray://Y")],
+    ],
+)
+def test_balance_picks_nothing_when_step_3_has_no_choice_between_brokers(routes):
+    assert balance(routes, "S", NOW, 0) is None
+
+
+def test_balance_skips_draining_routes_but_still_pins_while_one_broker_drains():
+    routes = [
+        Route("B1", "S", B1, "ray://X", draining=True),
+        Route("B2", "S", B2, "ray://Y"),
+        Route("B3", "S", B3, "ray://Z"),
+    ]
+    assert [balance(routes, "S", NOW, t) for t in range(4)] == [B2, B3, B2, B3]
+    one_left = [routes[0], routes[1]]
+    assert {balance(one_left, "S", NOW, t) for t in range(4)} == {B2}
+    all_draining = [replace(r, draining=True) for r in routes]
+    assert balance(all_draining, "S", NOW, 0) is None
+
+
+def test_a_broker_id_with_one_draining_path_and_one_open_path_still_takes_new_dialogs():
+    routes = [
+        Route("B1old", "S", B1, "ray://Old", draining=True),
+        Route("B1new", "S", B1, "ray://New"),
+        Route("B2", "S", B2, "ray://Y"),
+    ]
+    assert [balance(routes, "S", NOW, t) for t in range(2)] == [B1, B2]
+    picked_b1 = next(c for c in CIDS if m(routes, cid=c).broker_instance == B1)
+    assert names(m(routes, cid=picked_b1)) == ["B1new"]  # the draining path is not used
+
+
+def test_step_3_hash_pick_skips_draining_routes():
+    routes = [Route("B1", "S", B1, "ray://X", draining=True), Route("B2", "S", B2, "ray://Y")]
+    picks = {m(routes, cid=c).broker_instance for c in CIDS[:200]}
+    assert picks == {B2}
+    assert all(names(m(routes, cid=c)) == ["B2"] for c in CIDS[:20])
+
+
+def test_step_3_falls_through_to_later_steps_when_every_broker_id_route_drains():
+    routes = [Route("B1", "S", B1, "ray://X", draining=True), WILD]
+    assert (m(routes).step, names(m(routes))) == (5, ["Wild"])
+    assert m([routes[0]]).step == 7
+
+
+def test_step_1_still_matches_a_draining_route_for_dialogs_pinned_to_its_broker():
+    routes = [Route("B1", "S", B1, "ray://X", draining=True), Route("B2", "S", B2, "ray://Y")]
+    result = m(routes, bi=B1)
+    assert (result.step, names(result)) == (1, ["B1"])
+    assert addresses(choose(result, service_is_local=False)) == ["ray://X"]
+
+
+@pytest.mark.parametrize("bad", [None, 0, 1, "no", "False", []])
+def test_draining_must_be_a_real_bool(bad):
+    with pytest.raises(InvalidArgument, match="draining must be True or False") as e:
+        Route("R", "S", B1, "ray://X", draining=bad)
+    assert type(e.value) is InvalidArgument
+    table = RouteTable([Route("R", "S", B1, "ray://X")])
+    before = table.routes()
+    with pytest.raises(InvalidArgument, match="draining"):
+        table.alter("R", NOW, draining=bad)
+    assert table.routes() == before
+
+
+def test_draining_is_altered_both_ways_and_kept_in_records():
+    table = RouteTable([Route("R", "S", B1, "ray://X")])
+    table.alter("R", NOW, draining=True)
+    assert table.get("R").draining is True
+    record = json.loads(json.dumps(table.get("R").to_record()))
+    assert record["draining"] is True and Route.from_record(record) == table.get("R")
+    table.alter("R", NOW, draining=False)
+    assert table.get("R") == Route("R", "S", B1, "ray://X")
+
+
+def test_a_route_record_saved_before_draining_existed_loads_as_not_draining():
+    old = {"name": "R", "service_name": "S", "broker_instance": B1, "address": "ray://X",
+           "mirror_address": None, "expires_at": None}  # fmt: skip
+    assert Route.from_record(old).draining is False
 
 
 # --- choosing next hops --------------------------------------------------------------------------
@@ -553,7 +662,8 @@ def routes_st(draw, name: str) -> Route:
     address = draw(st.sampled_from(["LOCAL", "TRANSPORT", "ray://A", "ray://B"]))
     mirror = draw(st.sampled_from([None, "ray://M"])) if address.startswith("ray://") else None
     expires = draw(st.none() | st.floats(0, 20))
-    return Route(name, service, bi, address, mirror, expires)
+    draining = draw(st.booleans())
+    return Route(name, service, bi, address, mirror, expires, draining)
 
 
 @st.composite
@@ -588,7 +698,12 @@ def test_match_is_deterministic_and_every_route_is_live_and_obeys_its_steps_rule
     rules = {
         1: lambda r: bi is not None and r.service_name == service and r.broker_instance == bi,
         2: lambda r: r.service_name == service and r.broker_instance is None,
-        3: lambda r: bi is None and r.service_name == service and r.broker_instance is not None,
+        3: lambda r: (
+            bi is None
+            and r.service_name == service
+            and r.broker_instance is not None
+            and not r.draining
+        ),
         5: lambda r: r.service_name is None and r.broker_instance is None,
     }
     for step, rule in rules.items():  # no earlier step could have matched
@@ -610,6 +725,12 @@ def test_match_is_deterministic_and_every_route_is_live_and_obeys_its_steps_rule
     if result.step == 7:
         assert result.routes == () and result.reason
         assert bi != LOCAL_ID
+    picked = balance(table, service, now, len(cid))
+    if picked is not None:  # a dialog pinned at BEGIN matches its broker's routes at step 1
+        if bi is None:
+            assert result.step == 3
+        pinned = match(table, service, picked, cid, now, local_broker_id=LOCAL_ID)
+        assert pinned.step == 1 and {r.broker_instance for r in pinned.routes} == {picked}
     hops = choose(result, service_is_local=local)
     assert len({h.address for h in hops}) == len(hops)
     assert local or "LOCAL" not in addresses(hops)

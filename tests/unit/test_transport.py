@@ -590,65 +590,153 @@ def landed(*cores: BrokerCore) -> dict[str, list[str]]:
     return out
 
 
-def test_1000_dialogs_without_a_broker_id_split_within_10_percent_of_even(net, balanced):
+def far_brokers(core: BrokerCore, handles: list[str]) -> list[str | None]:
+    eps = {e["conversation_handle"]: e for e in core.endpoints_view()}
+    return [eps[h]["far_broker"] for h in handles]
+
+
+def test_3000_dialogs_begun_in_one_batch_split_exactly_evenly_over_three_brokers(net, balanced):
     a, b, c = balanced
-    handles = begin_many(a, 1000)
+    d = net.add("D", TARGET)
+    route(a, "routes", "LoadBalancingRoute3", "Target", "ray://D", d.broker_id)
+    route(d, "routes", "ReturnRoute", "Init", "ray://A", a.broker_id)
+    handles = begin_many(a, 3000)  # one apply: the round-robin advances within the batch
 
     net.pump()
 
-    where = landed(b, c)
-    assert len(where) == 1000
-    assert all(len(names) == 1 for names in where.values())
-    split = Counter(names[0] for names in where.values())
-    assert abs(split["B"] - 500) <= 50 and abs(split["C"] - 500) <= 50
+    where = landed(b, c, d)
+    assert len(where) == 3000 and all(len(names) == 1 for names in where.values())
+    assert Counter(names[0] for names in where.values()) == {"B": 1000, "C": 1000, "D": 1000}
     assert a.transmission_view() == []
-    ids = {"B": b.broker_id, "C": c.broker_id}
-    eps = {e["conversation_handle"]: e for e in a.endpoints_view()}
-    for h in handles:
-        assert eps[h]["far_broker"] == ids[where[eps[h]["conversation_id"]][0]]
+    ids = {"B": b.broker_id, "C": c.broker_id, "D": d.broker_id}
+    convs = {e["conversation_handle"]: e["conversation_id"] for e in a.endpoints_view()}
+    assert far_brokers(a, handles) == [ids[where[convs[h]][0]] for h in handles]
 
 
-def test_every_message_of_a_dialog_goes_to_one_broker_even_before_an_ack_pins_it(net, balanced):
+def test_every_message_of_a_dialog_goes_to_the_broker_picked_at_begin_across_retries(net, balanced):
     a, b, c = balanced
     handles = begin_many(a, 100)
+    ids = sorted([b.broker_id, c.broker_id])
+    picked = far_brokers(a, handles)
+    assert picked == [ids[i % 2] for i in range(100)]  # pinned at BEGIN, round-robin
     for out in a.transport.dispatch():
         for hop in out.hops:
             net.deliver("A", hop.broker, out.blob())
             break
-        a.transport.failed(out, "the replies were lost")  # nothing is pinned
-    assert {e["far_broker"] for e in a.endpoints_view()} == {None}
+        a.transport.failed(out, "the replies were lost")  # delivered, nothing acknowledged
+    net.down.add("B")  # B's dialogs are retried and wait for B: they never fail over to C
     a.apply([Send(h, "Req", b"m1") for h in handles])
+    net.later()
+    net.later()
 
+    assert len(take(c, "TargetQ")) == 100  # m0 and m1 of C's 50 dialogs, while B is down
+    assert a.depth("InitQ") == (0, 0)  # no dialog was refused anywhere (an Error would be here)
+    net.down.discard("B")
     net.later()
 
     where = landed(b, c)
-    assert len(where) == 100 and all(len(names) == 1 for names in where.values())
-    for far in (b, c):
-        assert {e["receive_sequence"] for e in far.endpoints_view()} <= {2}
-    assert len(take(b, "TargetQ")) + len(take(c, "TargetQ")) == 200
-    assert set(Counter(names[0] for names in where.values())) == {"B", "C"}
+    names = {b.broker_id: "B", c.broker_id: "C"}
+    convs = {e["conversation_handle"]: e["conversation_id"] for e in a.endpoints_view()}
+    assert {convs[h]: [names[bi]] for h, bi in zip(handles, picked, strict=True)} == where
+    assert len(take(b, "TargetQ")) == 100 and a.transmission_view() == []
+    assert a.depth("InitQ") == (0, 0) and far_brokers(a, handles) == picked
+    assert {callee for caller, callee in net.calls if caller == "A"} == {"B", "C"}
 
 
 def test_a_second_route_to_one_broker_id_does_not_skew_the_split(net, balanced):
     a, b, c = balanced
-    two_routes = [
-        a.state.routes["routes"].get(n) for n in ("LoadBalancingRoute1", "LoadBalancingRoute2")
-    ]
     route(a, "routes", "LoadBalancingRoute3", "Target", "ray://C", c.broker_id)
-    handles = begin_many(a, 1000)
+    begin_many(a, 1000)
 
     net.pump()
 
+    split = Counter(names[0] for names in landed(b, c).values())
+    assert split == {"B": 500, "C": 500}  # turns go over distinct broker ids, not routes
+
+
+def test_an_explicit_to_broker_is_never_overridden_by_the_round_robin(net, balanced):
+    a, b, c = balanced
+    handles = [begin(a, b"m0", to_broker=c.broker_id) for _ in range(4)]
+
+    net.pump()
+
+    assert b.endpoints_view() == [] and len(landed(c)) == 4
+    assert far_brokers(a, handles) == [c.broker_id] * 4
+    assert far_brokers(a, begin_many(a, 2)) == sorted([b.broker_id, c.broker_id])  # no turn taken
+
+
+@pytest.fixture
+def unpinned(net):
+    """40 dialogs A began while a route without broker id (step 2) sent Target to a broker that
+    never answered: unpinned, as dialogs begun before round-robin are. Then A's routes become
+    seed 002's load balancing routes to B and C."""
+    a = net.add("A", INIT)
+    b = net.add("B", TARGET)
+    c = net.add("C", TARGET)
+    route(a, "routes", "Old", "Target", "ray://Gone")
+    handles = [begin(a, b"m0") for _ in range(40)]
+    net.pump()
+    assert set(far_brokers(a, handles)) == {None} and len(a.transmission_view()) == 40
+    a.drop_route("routes", "Old")
+    route(a, "routes", "LoadBalancingRoute1", "Target", "ray://B", b.broker_id)
+    route(a, "routes", "LoadBalancingRoute2", "Target", "ray://C", c.broker_id)
+    for far in (b, c):
+        route(far, "routes", "ReturnRoute", "Init", "ray://A", a.broker_id)
+    return a, b, c, handles
+
+
+def test_a_dialog_begun_unpinned_goes_where_step_3s_hash_picks(net, unpinned):
+    a, b, c, handles = unpinned
+    routes = a.state.routes["routes"].routes()
+
+    net.later()
+
     where = landed(b, c)
-    split = Counter(names[0] for names in where.values())
-    assert abs(split["B"] - 500) <= 50 and abs(split["C"] - 500) <= 50
-    # and no dialog went anywhere else than it would have with two routes
-    ids = {b.broker_id: "B", c.broker_id: "C"}
+    names = {b.broker_id: "B", c.broker_id: "C"}
     convs = {e["conversation_handle"]: e["conversation_id"] for e in a.endpoints_view()}
     for h in handles:
-        conv = convs[h]
-        m = match(two_routes, "Target", None, conv, net.clock.now, local_broker_id=a.broker_id)
-        assert where[conv] == [ids[m.broker_instance]]
+        m = match(routes, "Target", None, convs[h], net.clock.now, local_broker_id=a.broker_id)
+        assert where[convs[h]] == [names[m.broker_instance]]
+    assert set(Counter(n[0] for n in where.values())) == {"B", "C"}
+
+
+def test_step_3s_hash_pick_skips_a_draining_route(net, unpinned):
+    a, b, c, handles = unpinned
+    a.alter_route("routes", "LoadBalancingRoute2", {"draining": True})
+
+    net.later()
+
+    assert len(landed(b)) == 40 and c.endpoints_view() == []
+    assert set(far_brokers(a, handles)) == {b.broker_id}
+
+
+def test_a_draining_broker_keeps_its_dialogs_takes_no_new_ones_and_can_then_be_dropped(
+    net, balanced
+):
+    """Removing a replica: mark its routes draining, let its dialogs finish, drop the routes."""
+    a, b, c = balanced
+    old = begin_many(a, 10)
+    net.pump()
+    on_c = [h for h, bi in zip(old, far_brokers(a, old), strict=True) if bi == c.broker_id]
+    assert len(on_c) == 5
+    a.alter_route("routes", "LoadBalancingRoute2", {"draining": True})
+    (view,) = [r for r in a.routes_view("routes") if r["name"] == "LoadBalancingRoute2"]
+    assert view["draining"] is True
+
+    new = begin_many(a, 10)
+    a.apply([Send(h, "Req", b"m1") for h in on_c])  # C still serves the dialogs pinned to it
+    net.pump()
+
+    assert set(far_brokers(a, new)) == {b.broker_id}
+    assert len(landed(c)) == 5 and len(take(c, "TargetQ")) == 10
+    assert len(landed(b)) == 15 and a.transmission_view() == []
+
+    a.apply([End(h) for h in on_c])
+    net.pump()
+    a.drop_route("routes", "LoadBalancingRoute2")
+    begin_many(a, 4)
+    net.pump()
+    assert len(landed(b)) == 19 and len(landed(c)) == 5
 
 
 # --- high availability (seed 002) --------------------------------------------------------------

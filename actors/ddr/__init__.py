@@ -1,0 +1,9 @@
+"""Data-dependent routing (Service Broker's routing service, seed 000): a router classifies the
+first message of a dialog and forwards the dialog to the target service it names (or, in
+redirect mode, tells the initiator which service to talk to). Plain Python: the handler runs as
+a queue's activation on any broker; `actors.remote.routers` deploys replicated router brokers."""
+
+from .client import begin_redirected
+from .router import REDIRECT_TYPE, RouterConfig, route_messages
+
+__all__ = ["REDIRECT_TYPE", "RouterConfig", "begin_redirected", "route_messages"]

@@ -1,0 +1,183 @@
+"""The routing service's handler (seed 000's `route_messages`), run as a queue's activation.
+
+Forwarding mode, per conversation group (the inbound dialog and the outbound one the router
+begins share one group, so one lock serializes both directions):
+1. the first message of an inbound dialog is classified into a target service;
+2. the router begins an outbound dialog to it in the same group,
+3. records inbound <-> outbound in the group's state (committed with the receive),
+4. and forwards the message; later messages go through without classifying, replies back;
+5. an EndDialog on either side ends the other and this one; an Error is wrapped (code and
+   description kept) and passed on, and both dialogs end; the mapping then goes.
+Redirect mode answers the initiator with a `Redirect` message naming the service, and ends.
+
+A classifier that raises, returns no string, or names a service that is not one of the router
+set's targets ends the inbound dialog with an Error naming the classifier and the value; other
+dialogs are not affected. All of this is plain Python over `HandlerContext`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, resolve_handler
+from ..dialogs import MAX_ERROR_DESCRIPTION
+from ..envelope import Message, ReceivedGroup
+from ..errors import InvalidDefinition
+from ..names import check_name
+
+REDIRECT_TYPE = REDIRECT
+MODES = ("forward", "redirect")
+ROUTING_FAILED = 50_001  # the classifier failed, or named no target of the router set
+WRAPPED_BROKER_ERROR = 50_002  # a broker's own error (negative code) passed on by a router
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """What one router set does; carried to the handler as the router queue's activation
+    `options`, so it is durable and can be changed at run time (readers restart with it)."""
+
+    service: str  # the routing service, the same on every replica
+    targets: tuple[str, ...]  # the services the classifier may name
+    classifier: str  # "module:function"
+    mode: str = "forward"
+    classifier_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_name("router service", self.service)
+        if isinstance(self.targets, str) or not self.targets:
+            raise InvalidDefinition("a router set needs a non-empty list of target services")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        for t in self.targets:
+            check_name("target service", t)
+        if self.mode not in MODES:
+            raise InvalidDefinition(f"router mode {self.mode!r} is not one of {list(MODES)}")
+        if not isinstance(self.classifier_options, Mapping):
+            raise InvalidDefinition("classifier_options must be a dict")
+
+    def check_classifier(self) -> Any:
+        """Import the classifier (InvalidDefinition naming it if it does not import)."""
+        try:
+            return resolve_handler(self.classifier)
+        except InvalidDefinition as exc:
+            raise InvalidDefinition(f"router classifier: {exc}") from None
+
+    def options(self) -> dict[str, Any]:
+        return {**asdict(self), "targets": list(self.targets)}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RouterConfig:
+        return cls(**options)
+
+
+# Per routing service, in this process: dialogs routed, messages forwarded, errors. In memory
+# (a replica's restart starts them again); the durable record is the mapping and the audit.
+_stats: dict[str, Counter] = {}
+_stats_lock = threading.Lock()
+
+
+def _count(service: str, **n: int) -> None:
+    with _stats_lock:
+        _stats.setdefault(service, Counter()).update(n)
+
+
+def stats(service: str) -> dict[str, int]:
+    with _stats_lock:
+        c = _stats.get(service, Counter())
+        return {k: c[k] for k in ("routed", "forwarded", "errors")}
+
+
+def route_messages(group: ReceivedGroup, ctx: Any) -> None:
+    """The handler: `Activation("actors.ddr.router:route_messages", options=config.options())`."""
+    cfg = RouterConfig.from_options(ctx.options)
+    pairs: dict[str, dict[str, Any]] = json.loads(ctx.state) if ctx.state else {}
+    for m in group.messages:
+        _route(cfg, pairs, group, ctx, m)
+    live = {h: p for h, p in pairs.items() if not (p["in_ended"] and p["out_ended"])}
+    ctx.set_state(json.dumps(live).encode() if live else None)
+
+
+def _route(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Message) -> None:
+    h, mt = m.conversation_handle, m.message_type
+    inbound = pairs.get(h)
+    outbound = next((p for p in pairs.values() if p["out"] == h), None)
+    pair = inbound or outbound
+    if mt == DIALOG_TIMER:
+        return
+    if pair is None:
+        if mt not in (END_DIALOG, ERROR):  # the first message of a new inbound dialog
+            _open(cfg, pairs, group, ctx, m)
+        return  # an end of a dialog already let go: nothing left to do
+    this, other = ("in", "out") if pair is inbound else ("out", "in")
+    if pair[f"{this}_ended"]:
+        return  # this side was ended by the router; what was still in flight is dropped
+    if mt in (END_DIALOG, ERROR):
+        if not pair[f"{other}_ended"] and pair[other] is not None:
+            if mt == ERROR:
+                code, text = _wrapped(cfg, m)
+                ctx.end(pair[other], error=code, description=text)
+                _count(cfg.service, errors=1)
+            else:
+                ctx.end(pair[other])
+            pair[f"{other}_ended"] = True
+        ctx.end(h)
+        pair[f"{this}_ended"] = True
+        return
+    ctx.send(pair[other], mt, m.body)
+    _count(cfg.service, forwarded=1)
+
+
+def _open(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Message) -> None:
+    h = m.conversation_handle
+    pair = {"in": h, "out": None, "target": None, "since": time.time()}
+    pair.update(in_ended=False, out_ended=True)  # no outbound yet
+    pairs[h] = pair
+    target, problem = _classify(cfg, m)
+    if problem is not None:
+        ctx.end(h, error=ROUTING_FAILED, description=problem[:MAX_ERROR_DESCRIPTION])
+        pair["in_ended"] = True
+        _count(cfg.service, errors=1)
+        return
+    pair["target"] = target
+    _count(cfg.service, routed=1)
+    if cfg.mode == "redirect":
+        ctx.send(h, REDIRECT_TYPE, json.dumps({"service": target}).encode())
+        ctx.end(h)
+        pair["in_ended"] = True
+        return
+    out = ctx.begin(cfg.service, target, m.contract, related_group=group.group_id)
+    pair.update(out=out, out_ended=False)
+    ctx.send(out, m.message_type, m.body)
+    _count(cfg.service, forwarded=1)
+
+
+def _classify(cfg: RouterConfig, m: Message) -> tuple[str | None, str | None]:
+    """(target, None), or (None, why not) in words an operator can act on."""
+    who = f"router {cfg.service}: classifier {cfg.classifier}"
+    try:
+        fn = cfg.check_classifier()
+        options = {"targets": list(cfg.targets), **cfg.classifier_options}
+        value = fn(m.body, m.message_type, options)
+    except Exception as exc:  # the classifier is user code: any failure ends only this dialog
+        return None, f"{who} failed on a {m.message_type!r} message: {type(exc).__name__}: {exc}"
+    if not isinstance(value, str):
+        return None, f"{who} returned {value!r}, not a service name"
+    if value not in cfg.targets:
+        return None, (
+            f"{who} returned {value!r}, which is not one of the router set's targets "
+            f"{list(cfg.targets)}"
+        )
+    return value, None
+
+
+def _wrapped(cfg: RouterConfig, m: Message) -> tuple[int, str]:
+    """An arriving Error, to pass on: its code (a broker's own negative code becomes
+    WRAPPED_BROKER_ERROR) and its description, with where it came from."""
+    code, text = m.error or (WRAPPED_BROKER_ERROR, "")
+    wrapped = f"via router {cfg.service}: [{code}] {text}"
+    return (code if code > 0 else WRAPPED_BROKER_ERROR), wrapped[:MAX_ERROR_DESCRIPTION]

@@ -1,0 +1,263 @@
+"""Data-dependent routing on a real Ray: the sales-by-region topology of seed 000. Three initiator
+brokers talk to three replicated router brokers, which talk to four regional sales services,
+each on its own broker. Every order reaches its region; every reply returns to its initiator,
+in order, once; replicas come, go and die while orders flow."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+import ray
+
+from actors import Activation, Begin, Contract, MessageType, Queue, Send, Service
+from actors.catalog import ERROR
+from actors.ddr import RouterConfig, begin_redirected
+from actors.remote.routers import ROUTER_QUEUE, RouterSet
+
+from .conftest import wait_until
+
+REGIONS = ("EU", "US", "APAC", "LATAM")
+REPLY = "tests.integration.activation_handlers:reply_to_orders"
+
+
+def define_sales(b, *, target: str | None = None) -> None:
+    b.create(MessageType("Order", "json"))
+    b.create(MessageType("Reply"))
+    b.create(Contract("Sales", {"Order": "initiator", "Reply": "target"}))
+    if target is None:
+        b.create(Queue("StoreQ"))
+        b.create(Service("Store", "StoreQ"))
+    else:
+        act = Activation(REPLY, placement="internal", max_readers=2, idle_timeout=10.0)
+        b.create(Queue(f"{target}Q", activation=act))
+        b.create(Service(target, f"{target}Q", ["Sales"]))
+
+
+@pytest.fixture
+def sales(make_broker, tmp_path):
+    """3 initiators, 4 regional targets; the router set is the test's to start."""
+    tag = uuid.uuid4().hex[:6]
+    initiators = [make_broker(name=f"shop{i}-{tag}") for i in range(3)]
+    for b in initiators:
+        define_sales(b)
+    targets = {}
+    for r in REGIONS:
+        b = make_broker(name=f"sales{r}-{tag}")
+        define_sales(b, target=f"Sales{r}")
+        targets[f"Sales{r}"] = b
+    sets: list[RouterSet] = []
+
+    def router_set(mode: str = "forward", replicas: int = 3, **kw) -> RouterSet:
+        config = RouterConfig(
+            "SalesRouter",
+            tuple(targets),
+            "actors.ddr.classifiers:field",
+            mode,
+            {"template": "Sales{value}"},
+        )
+        rs = RouterSet(
+            f"router-{tag}",
+            config,
+            store_dir=str(tmp_path),
+            initiators=initiators,
+            initiator_services=["Store"],
+            targets=targets,
+            **kw,
+        ).start(replicas)
+        sets.append(rs)
+        return rs
+
+    yield initiators, targets, router_set
+    for rs in sets:
+        rs.stop()
+
+
+def place_orders(shop, n: int, lines: int = 2, first: int = 0) -> dict[str, str]:
+    """n orders from one shop, `lines` Order messages each; {handle: region}."""
+    regions = {}
+    ops = []
+    for i in range(first, first + n):
+        region = REGIONS[i % len(REGIONS)]
+        op = Begin("Store", "SalesRouter", "Sales")
+        bodies = [
+            json.dumps({"region": region, "order": i, "line": k}).encode() for k in range(lines)
+        ]
+        ops += [op, Send(op.handle, "Order", bodies)]
+        regions[op.handle] = region
+    for k in range(0, len(ops), 200):
+        shop.apply(ops[k : k + 200])
+    return regions
+
+
+def collect(shop, expected: int, got: dict[str, list], timeout: float = 120.0) -> dict:
+    def enough():
+        for g in shop.receive("StoreQ", max_groups=100, wait=0.2):
+            for m in g.messages:
+                got.setdefault(m.conversation_handle, []).append(m)
+            shop.commit(g)
+        return sum(len(v) for v in got.values()) >= expected
+
+    wait_until(enough, timeout=timeout, what=f"{expected} replies")
+    return got
+
+
+def check_replies(regions: dict[str, str], got: dict[str, list], lines: int) -> None:
+    assert set(got) == set(regions)
+    for handle, msgs in got.items():
+        bodies = [json.loads(m.body) for m in msgs]
+        assert [b["line"] for b in bodies] == list(range(lines)), "in order, once"
+        assert {b["region"] for b in bodies} == {regions[handle]}
+
+
+@pytest.mark.slow
+def test_hundreds_of_orders_reach_their_regions_and_every_reply_returns_in_order_once(sales):
+    initiators, targets, router_set = sales
+    rs = router_set()
+    orders = [place_orders(shop, 100, first=100 * i) for i, shop in enumerate(initiators)]
+
+    for shop, regions in zip(initiators, orders, strict=True):
+        check_replies(regions, collect(shop, 200, {}), lines=2)
+    per_replica = {n: v["routed"] for n, v in rs.view().items()}
+    assert sum(per_replica.values()) == 300
+    # round-robin per new dialog on each shop: each shop's 100 dialogs split 34/33/33
+    assert max(per_replica.values()) - min(per_replica.values()) <= len(initiators), per_replica
+    for r in REGIONS:  # each region's service saw only its orders
+        audit = targets[f"Sales{r}"].audit(limit=100_000)["records"]
+        assert audit and all(
+            json.loads(rec["body"])["region"] == r for rec in audit if "body" in rec
+        )
+
+
+def test_an_end_and_an_error_pass_through_the_router_both_ways(sales):
+    initiators, targets, router_set = sales
+    router_set(replicas=1)
+    shop = initiators[0]
+    eu, us = targets["SalesEU"], targets["SalesUS"]
+    (h_end,) = place_orders(shop, 1, lines=1)  # EU
+    (h_err,) = place_orders(shop, 1, lines=1, first=1)  # US
+    collect(shop, 2, {})
+
+    shop.end_conversation(h_end)  # the initiator ends: the router ends the dialog to SalesEU
+    wait_until(
+        lambda: (
+            [e["state"] for e in eu.endpoints() if not e["is_initiator"]]
+            == ["DISCONNECTED_INBOUND"]
+        ),
+        what="the end to reach SalesEU",
+    )
+    (target,) = [e["conversation_handle"] for e in us.endpoints() if not e["is_initiator"]]
+    us.end_conversation(target, error=4711, description="out of stock")  # the target fails
+
+    def error_back():
+        for g in shop.receive("StoreQ", max_groups=10):
+            shop.commit(g)
+            for m in g.messages:
+                if m.message_type == ERROR and m.conversation_handle == h_err:
+                    return m
+        return None
+
+    err = wait_until(error_back, what="the wrapped error at the initiator")
+    assert err.error[0] == 4711 and "out of stock" in err.error[1] and "SalesRouter" in err.error[1]
+
+
+def test_redirect_mode_names_the_service_and_the_initiator_talks_to_it_directly(sales):
+    initiators, targets, router_set = sales
+    rs = router_set(mode="redirect", replicas=2)
+    shop = initiators[0]
+    body = json.dumps({"region": "APAC", "order": 2, "line": 0}).encode()
+
+    handle, service = begin_redirected(
+        shop, "Store", "StoreQ", "SalesRouter", "Sales", "Order", body
+    )
+
+    assert service == "SalesAPAC"
+    (reply,) = collect(shop, 1, {})[handle]
+    assert json.loads(reply.body)["region"] == "APAC"
+    apac = targets["SalesAPAC"].endpoints()
+    assert {e["far_service"] for e in apac} == {"Store"}  # the target talks to the shop itself
+    assert all(v["mappings"] == [] for v in rs.view().values())
+
+
+@pytest.mark.slow
+def test_replicas_can_be_added_and_removed_while_orders_flow(sales):
+    initiators, targets, router_set = sales
+    rs = router_set(replicas=2)
+    shop = initiators[0]
+    regions = place_orders(shop, 60)
+    added = rs.add_replica()
+    regions |= place_orders(shop, 60, first=60)
+    leaving = next(iter(rs.replicas))
+    removal = threading.Thread(target=rs.remove_replica, args=(leaving,))
+    removal.start()  # it drains: new dialogs go elsewhere, its open dialogs finish first
+    wait_until(
+        lambda: any(r["draining"] for r in shop.routes() if leaving in r["address"]),
+        what="the leaving replica's route to drain",
+    )
+    routed_before = rs.view()[leaving]["routed"]
+    later = place_orders(shop, 60, first=120)
+    got = collect(shop, 2 * 180, {})
+    check_replies(regions | later, got, lines=2)
+    assert rs.view()[leaving]["routed"] == routed_before  # no new dialog went to it
+    for handle in got:  # the shop finishes its dialogs; the leaving replica can now stop
+        shop.end_conversation(handle)
+
+    removal.join(timeout=120)
+    assert not removal.is_alive() and leaving not in rs.replicas
+    assert added.name in rs.replicas and rs.view()[added.name]["routed"] > 0
+
+
+@pytest.mark.slow
+def test_a_router_replica_killed_mid_stream_loses_and_doubles_nothing(sales):
+    initiators, targets, router_set = sales
+    rs = router_set(replicas=3)
+    shop = initiators[0]
+    regions = place_orders(shop, 150, lines=4)
+    victim = next(iter(rs.replicas.values()))
+    wait_until(lambda: victim.queues()[ROUTER_QUEUE]["depth"] >= 0, what="the victim running")
+    ray.kill(victim.actor, no_restart=False)  # Ray restarts it; its mappings are in its store
+
+    check_replies(regions, collect(shop, 600, {}, timeout=180), lines=4)
+    assert victim.info()["name"] == victim.name  # it came back
+
+
+def test_three_thousand_dialogs_spread_evenly_over_three_replicas(sales):
+    initiators, targets, router_set = sales
+    rs = router_set(replicas=3)
+    ids = {n: b.info()["broker_id"] for n, b in rs.replicas.items()}
+    shop = initiators[0]
+    ops = [Begin("Store", "SalesRouter", "Sales") for _ in range(3000)]
+    for k in range(0, 3000, 500):
+        shop.apply(ops[k : k + 500])
+    far = Counter(e["far_broker"] for e in shop.endpoints() if e["far_service"] == "SalesRouter")
+    counts = [far[bid] for bid in ids.values()]
+    assert sum(counts) == 3000
+    assert max(abs(c - 1000) for c in counts) <= 50, counts  # within 5% of even
+
+
+def test_a_router_set_whose_service_lacks_a_targets_contract_is_refused(sales, tmp_path):
+    initiators, targets, _ = sales
+    config = RouterConfig("SalesRouter", tuple(targets), "actors.ddr.classifiers:field")
+    with pytest.raises(Exception, match=r"lacks \['Sales'\]"):
+        RouterSet(
+            "bad",
+            config,
+            store_dir=str(tmp_path),
+            initiators=initiators,
+            initiator_services=["Store"],
+            targets=targets,
+            contracts=["DEFAULT"],
+        )
+    bad = RouterConfig("SalesRouter", tuple(targets), "no.such:classifier")
+    with pytest.raises(Exception, match="router classifier"):
+        RouterSet(
+            "bad2",
+            bad,
+            store_dir=str(tmp_path),
+            initiators=initiators,
+            initiator_services=["Store"],
+            targets=targets,
+        )
