@@ -11,9 +11,9 @@ from .errors import BrokerError
 
 
 def _bench_scenarios() -> dict[str, Callable[..., Any]]:
-    from .bench import activation, local, remote
+    from .bench import activation, ddr, local, remote
 
-    return {"local": local.run, "activation": activation.run, "remote": remote.run}
+    return {"local": local.run, "activation": activation.run, "remote": remote.run, "ddr": ddr.run}
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--path", default=None, help="broker store file (default: a temp dir)")
     demo.set_defaults(fn=_demo)
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
-    bench.add_argument("scenario", help="local, remote or activation")
+    bench.add_argument("scenario", help="local, remote, activation or ddr")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -37,3 +39,12 @@ class InProcessPeers:
             raise PeerUnreachable.not_running(broker)
         net.calls.append((self.caller, broker))
         return await net.couriers[broker].deliver(blob)
+
+
+def poll(check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Call `check` until it returns something truthy (returned); fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+    return value

@@ -134,14 +134,21 @@ class _Cpu:
 
 
 async def send_all(
-    broker: Broker, handles: list[str], messages: int, batch: int, body: bytes, inflight: int
+    broker: Broker,
+    handles: list[str],
+    messages: int,
+    batch: int,
+    body: bytes,
+    inflight: int,
+    message_type: str = "DEFAULT",
 ) -> None:
+    """`messages` in calls of `batch`, each call to the next handle in turn, `inflight` at once."""
     gate = asyncio.Semaphore(inflight)
     bodies = [body] * batch
 
     async def one(i: int) -> None:
         async with gate:
-            await broker.aio.apply([Send(handles[i % len(handles)], "DEFAULT", bodies)])
+            await broker.aio.apply([Send(handles[i % len(handles)], message_type, bodies)])
 
     await asyncio.gather(*(one(i) for i in range(messages // batch)))
 

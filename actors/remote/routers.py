@@ -204,6 +204,12 @@ class RouterSet:
         return {n: b.router(ROUTER_QUEUE, self.config.service) for n, b in self.replicas.items()}
 
     def stop(self, delete_stores: bool = False) -> None:
+        """Stop every replica now (open dialogs through them are cut off: drain with
+        `remove_replica` to let them finish) and drop the routes to them."""
         for name, b in list(self.replicas.items()):
+            route = f"{self.name}-via-{name}"
+            for peer in [*self.initiators, *self.targets.values()]:
+                if route in {r["name"] for r in peer.routes()}:
+                    peer.drop_route(route)
             b.stop(delete_store=delete_stores)
             del self.replicas[name]

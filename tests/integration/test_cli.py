@@ -41,6 +41,22 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
     assert "msg/s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path):
+    path = tmp_path / "ddr.json"
+    assert main(["bench", "ddr", "--quick", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "ddr"
+    variants = [r["variant"] for r in report["rows"] if r["system"] == "raybroker"]
+    assert variants[0] == "direct (no router)"
+    assert [v for v in variants if "router forwarding" in v] == [
+        f"router forwarding, {n} replicas" for n in (1, 2, 4)
+    ]
+    assert any("redirect" in v for v in variants)
+    assert all(r["messages_per_s"] > 0 for r in report["rows"])
+    assert all("x direct" in r["notes"] for r in report["rows"][1:])
+
+
 def test_an_unknown_bench_scenario_is_a_clear_error(capsys):
     assert main(["bench", "nope"]) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err

@@ -4,7 +4,6 @@ the queue's internal activation, forwarding dialogs by what their first message 
 from __future__ import annotations
 
 import json
-import time
 
 import msgpack
 import pytest
@@ -15,17 +14,10 @@ from actors.ddr import RouterConfig
 from actors.ddr.classifiers import field, hash_partition
 from actors.ddr.router import ROUTING_FAILED
 from actors.errors import InvalidDefinition
+from tests.fakes import poll
 
 REGIONS = ("EU", "US", "APAC", "LATAM")
 HANDLER = "actors.ddr.router:route_messages"
-
-
-def poll(check, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-    return value
 
 
 def router_queue(cfg: RouterConfig) -> Queue:

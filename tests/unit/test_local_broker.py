@@ -25,6 +25,7 @@ from actors import (
 )
 from actors.audit import read_all
 from actors.errors import BrokerError, UnknownQueue
+from tests.fakes import poll
 
 
 @pytest.fixture
@@ -35,14 +36,6 @@ def broker(tmp_path):
         b.create(Queue("Q"))
         b.create(Service("S", "Q", ["C"]))
         yield b
-
-
-def poll(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-    return value
 
 
 def test_importing_the_package_and_running_a_local_broker_loads_no_ray(tmp_path):
