@@ -78,7 +78,12 @@ def run(
                     rs.stop(delete_stores=True)
                 notes = f"{rate / direct:.2f}x direct"
                 report.rows.append(
-                    Row("raybroker", f"router forwarding, {n} replicas", rate, notes=notes)
+                    Row(
+                        "raybroker",
+                        f"router forwarding, {n} replica{'s' if n > 1 else ''}",
+                        rate,
+                        notes=notes,
+                    )
                 )
             progress("router redirect, 2 replicas")
             rs = router_set(2, "redirect")
