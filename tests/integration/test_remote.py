@@ -99,7 +99,7 @@ def test_load_balancing_splits_dialogs_evenly_and_keeps_each_on_one_broker(broke
     wait_until(lambda: sent_out(a), timeout=60, what="everything acknowledged")
     on_b, on_c = drain(db_b), drain(db_c)
     assert len(on_b) + len(on_c) == 1000
-    assert abs(len(on_b) - 500) <= 50  # within 10% of even, the extra route did not skew it
+    assert len(on_b) == 500  # round-robin per new dialog; the extra route to C does not skew it
     assert not set(on_b) & set(on_c)  # each dialog went to one broker only
     assert all(s == [0, 1] for s in [*on_b.values(), *on_c.values()])
 
@@ -139,7 +139,7 @@ def test_four_gateways_balance_over_two_targets_and_fail_over(brokers):
     wait_until(lambda: sent_out(a), timeout=60, what="everything acknowledged")
     on_b, on_c = drain(db_b), drain(db_c)
     assert len(on_b) + len(on_c) == 200 and not set(on_b) & set(on_c)
-    assert abs(len(on_b) - 100) <= 25
+    assert len(on_b) == 100  # round-robin over the two broker ids, whatever the paths
     assert all(s == [0, 1] for s in [*on_b.values(), *on_c.values()])
 
 
