@@ -35,6 +35,19 @@ def refused(core, snapshot, error, call, match: str | None = None):
     assert snapshot(core) == before
 
 
+def refused_body(core, open_dialog, snapshot, message_type, body, match):
+    """On a new dialog, SEND of this body is refused as invalid and changes nothing."""
+    d = open_dialog(core)
+    refused(
+        core,
+        snapshot,
+        ValidationFailed,
+        lambda: core.apply([Send(d.init, message_type, body)]),
+        match=match,
+    )
+    return d
+
+
 def refused_schema(core, snapshot, schema, match=None):
     """CREATE MESSAGE TYPE with this schema is refused and changes nothing."""
     refused(
@@ -66,13 +79,13 @@ def json_nested(depth: int) -> bytes:
 def test_a_json_body_nested_deeper_than_the_limit_fails_validation_naming_its_type(
     core, open_dialog, snapshot, depth, message_type
 ):
-    d = open_dialog(core)
-    refused(
+    refused_body(
         core,
+        open_dialog,
         snapshot,
-        ValidationFailed,
-        lambda: core.apply([Send(d.init, message_type, json_nested(depth))]),
-        match=f"{message_type!r} nests arrays/objects more than {MAX_BODY_DEPTH} deep",
+        message_type,
+        json_nested(depth),
+        f"{message_type!r} nests arrays/objects more than {MAX_BODY_DEPTH} deep",
     )
 
 
@@ -87,14 +100,7 @@ def test_a_json_body_nested_exactly_to_the_limit_is_accepted(core, open_dialog):
 def test_nan_or_infinity_in_a_json_body_fails_validation(
     core, open_dialog, snapshot, body, message_type
 ):
-    d = open_dialog(core)
-    refused(
-        core,
-        snapshot,
-        ValidationFailed,
-        lambda: core.apply([Send(d.init, message_type, body)]),
-        match="is not a JSON value",
-    )
+    refused_body(core, open_dialog, snapshot, message_type, body, "is not a JSON value")
 
 
 def test_a_body_over_the_schema_bound_fails_validation_and_a_json_type_takes_it(
