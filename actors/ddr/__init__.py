@@ -4,6 +4,12 @@ redirect mode, tells the initiator which service to talk to). Plain Python: the 
 a queue's activation on any broker; `actors.remote.routers` deploys replicated router brokers."""
 
 from .client import begin_redirected
-from .router import REDIRECT_TYPE, RouterConfig, route_messages
+from .router import REDIRECT_TYPE, RouterConfig, route_messages, router_contracts
 
-__all__ = ["REDIRECT_TYPE", "RouterConfig", "begin_redirected", "route_messages"]
+__all__ = [
+    "REDIRECT_TYPE",
+    "RouterConfig",
+    "begin_redirected",
+    "route_messages",
+    "router_contracts",
+]

@@ -21,11 +21,11 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, resolve_handler
+from ..catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, Service, resolve_handler
 from ..dialogs import MAX_ERROR_DESCRIPTION
 from ..envelope import Message, ReceivedGroup
 from ..errors import InvalidDefinition
@@ -73,6 +73,23 @@ class RouterConfig:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RouterConfig:
         return cls(**options)
+
+
+def router_contracts(
+    router_set: str, targets: Iterable[Service], given: Sequence[str] | None = None
+) -> list[str]:
+    """The contracts a routing service accepts: the union of its targets' (seed 000's first
+    assumption), or `given`, which must cover that union (InvalidDefinition naming what lacks)."""
+    needed = sorted({c for svc in targets for c in svc.contracts})
+    if given is None:
+        return needed
+    uncovered = sorted(set(needed) - set(given))
+    if uncovered:
+        raise InvalidDefinition(
+            f"router set {router_set!r}: the routing service must accept the union of its "
+            f"targets' contracts; it lacks {uncovered}"
+        )
+    return list(given)
 
 
 # Per routing service, in this process: dialogs routed, messages forwarded, errors. In memory

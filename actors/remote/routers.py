@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..catalog import Activation, Contract, MessageType, Queue, Service, from_record
-from ..ddr import RouterConfig
+from ..ddr import RouterConfig, router_contracts
 from ..errors import BrokerUnavailable, InvalidDefinition
 from .client import Broker
 from .factory import start_broker
@@ -61,14 +61,7 @@ class RouterSet:
             )
         config.check_classifier()  # a classifier that does not import is refused now
         self.definitions = self._target_definitions()
-        needed = sorted({c for svc in self.definitions["services"] for c in svc.contracts})
-        self.contracts = list(contracts) if contracts is not None else needed
-        uncovered = sorted(set(needed) - set(self.contracts))
-        if uncovered:
-            raise InvalidDefinition(
-                f"router set {name!r}: the routing service must accept the union of its targets' "
-                f"contracts; it lacks {uncovered}"
-            )
+        self.contracts = router_contracts(name, self.definitions["services"], contracts)
         self.replicas: dict[str, Broker] = {}
         self._next = 0
 

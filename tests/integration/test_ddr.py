@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from actors import Activation, Begin, Contract, MessageType, Queue, Send, Service
-from actors.catalog import ERROR
+from actors.catalog import END_DIALOG, ERROR, REDIRECT
 from actors.ddr import RouterConfig, begin_redirected
 from actors.errors import InvalidDefinition
 from actors.remote.routers import ROUTER_QUEUE, RouterSet
@@ -181,6 +181,22 @@ def test_redirect_mode_names_the_service_and_the_initiator_talks_to_it_directly(
     apac = targets["SalesAPAC"].endpoints()
     assert {e["far_service"] for e in apac} == {"Store"}  # the target talks to the shop itself
     assert all(v["mappings"] == [] for v in rs.view().values())
+
+
+def test_a_running_router_set_takes_a_new_mode_and_refuses_a_classifier_that_does_not_import(
+    sales,
+):
+    initiators, targets, router_set = sales
+    rs = router_set(replicas=1)
+    shop = initiators[0]
+    with pytest.raises(InvalidDefinition, match="router classifier"):
+        rs.reconfigure(classifier="no.such:classifier")
+    rs.reconfigure(mode="redirect")
+
+    (h,) = place_orders(shop, 1, lines=1)
+
+    assert [m.message_type for m in collect(shop, 2, {})[h]] == [REDIRECT, END_DIALOG]
+    assert rs.config.mode == "redirect"
 
 
 @pytest.mark.slow

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import ray
 
-from actors import Broker, Contract, Limits, MessageType, Queue, Send, Service
+from actors import Broker, Contract, MessageType, Queue, Send, Service
+
+from .conftest import wait_until
 
 LEASE = 600.0  # far beyond every deadline below: only the holder's death can release the locks
 DEADLINE = 20.0
@@ -34,12 +35,22 @@ def receivable(b: Broker, groups: int) -> bool:
     return len(got) == groups
 
 
-def wait_until_receivable(b: Broker, groups: int) -> float:
-    t0 = time.monotonic()
-    while not receivable(b, groups):
-        assert time.monotonic() - t0 < DEADLINE, "the dead holder's locks were not released"
-        time.sleep(0.2)
-    return time.monotonic() - t0
+def wait_until_receivable(b: Broker, groups: int) -> None:
+    wait_until(lambda: receivable(b, groups), DEADLINE, "the dead holder's locks to be released")
+
+
+def take_in_a_driver_that_exits(b: Broker, groups: int) -> None:
+    """A driver script that receives `groups` groups with a long lease and exits holding them."""
+    code = (
+        "import ray, sys\n"
+        f"ray.init(address={ray.get_runtime_context().gcs_address!r}, logging_level='ERROR')\n"
+        "from actors import start_broker\n"
+        f"b = start_broker({b.name!r}, {b.info()['path']!r})\n"
+        f"got = b.receive('Q', max_groups={groups}, lease={LEASE})\n"
+        "print(len(got))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == str(groups), out.stderr[-2000:]
 
 
 @pytest.fixture
@@ -50,16 +61,7 @@ def b(make_broker) -> Broker:
 
 
 def test_a_driver_that_exits_holding_locks_loses_them(b):
-    code = (
-        "import ray, sys\n"
-        f"ray.init(address={ray.get_runtime_context().gcs_address!r}, logging_level='ERROR')\n"
-        "from actors import start_broker\n"
-        f"b = start_broker({b.name!r}, {b.info()['path']!r})\n"
-        f"got = b.receive('Q', max_groups=100, lease={LEASE})\n"
-        "print(len(got))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "3", out.stderr[-2000:]
+    take_in_a_driver_that_exits(b, 3)
 
     wait_until_receivable(b, 3)
     assert b.queues()["Q"]["locked_groups"] == 0
@@ -98,21 +100,21 @@ def test_a_restartable_actor_killed_holding_locks_loses_them_and_its_new_life_re
         ray.get(reader.die.remote())
 
     wait_until_receivable(b, 3)
-    deadline = time.monotonic() + DEADLINE
-    while True:  # the restarted incarnation answers and takes groups under its own name
+
+    def new_life_takes() -> int | None:  # the restarted incarnation, under its own name
         try:
-            assert ray.get(reader.take.remote(3)) == 3
-            break
+            return ray.get(reader.take.remote(3))
         except ray.exceptions.RayActorError:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+            return None  # still restarting
+
+    assert wait_until(new_life_takes, DEADLINE, "the restarted actor to answer") == 3
     assert b.queues()["Q"]["locked_groups"] == 3
 
 
-def test_a_live_driver_keeps_its_locks(b):
-    got = b.receive("Q", max_groups=3, lease=LEASE)
-    deadline = time.monotonic() + 3 * Limits().owner_check_s + 2
-    while time.monotonic() < deadline:  # several owner checks pass; the locks stay
-        assert b.queues()["Q"]["locked_groups"] == 3
-        time.sleep(0.2)
-    assert b.commit(got)["committed"] == 3
+def test_a_live_driver_keeps_its_locks_while_a_dead_ones_are_released(b):
+    got = b.receive("Q", max_groups=1, lease=LEASE)
+    take_in_a_driver_that_exits(b, 2)
+
+    # the owner checks that release the dead driver's two groups pass over this live one's
+    wait_until(lambda: b.queues()["Q"]["locked_groups"] == 1, DEADLINE, "the dead driver's locks")
+    assert b.commit(got)["committed"] == 1

@@ -10,7 +10,7 @@ import pytest
 
 from actors import Activation, Begin, Contract, End, LocalBroker, MessageType, Queue, Send, Service
 from actors.catalog import END_DIALOG, ERROR, REDIRECT
-from actors.ddr import RouterConfig
+from actors.ddr import RouterConfig, router_contracts
 from actors.ddr.classifiers import field, hash_partition
 from actors.ddr.router import ROUTING_FAILED
 from actors.errors import InvalidDefinition
@@ -234,6 +234,18 @@ def test_a_bad_router_config_is_refused(kwargs):
     base = {"service": "R", "targets": ("A",), "classifier": "actors.ddr.classifiers:field"}
     with pytest.raises(InvalidDefinition):
         RouterConfig(**{**base, **kwargs})
+
+
+def test_a_routing_service_accepts_the_union_of_its_targets_contracts():
+    targets = [Service("SalesEU", "EUQ", ("Sales", "Audit")), Service("SalesUS", "USQ", ("Sales",))]
+    assert router_contracts("set", targets) == ["Audit", "Sales"]
+    assert router_contracts("set", targets, ["Sales", "Audit", "Extra"]) == [
+        "Sales",
+        "Audit",
+        "Extra",
+    ]
+    with pytest.raises(InvalidDefinition, match=r"lacks \['Audit'\]"):
+        router_contracts("set", targets, ["Sales"])
 
 
 # --- the shipped classifiers -------------------------------------------------------------------

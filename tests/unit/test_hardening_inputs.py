@@ -332,41 +332,23 @@ def at_broker(b: LocalBroker, blob: bytes) -> None:
     b._call("apply", blob, uuid.uuid4().hex)
 
 
+def over_call_limit(local, call, match: str = "max_call_bytes") -> None:
+    refused(local, local_snapshot, InvalidArgument, call, match=match)
+
+
 def test_a_call_whose_bodies_sum_over_max_call_bytes_is_refused_by_the_client(local, dialog):
     ops = [Send(dialog, "Req", [b"x" * 400, b"x" * 400]), Send(dialog, "Req", b"x" * 201)]
-    refused(
-        local, local_snapshot, InvalidArgument, lambda: local.apply(ops), match="max_call_bytes"
-    )
-    refused(
-        local,
-        local_snapshot,
-        InvalidArgument,
-        lambda: local.settle(ops=ops),
-        match="max_call_bytes is 1,000",
-    )
-    refused(
-        local,
-        local_snapshot,
-        InvalidArgument,
-        lambda: asyncio.run(local.aio.apply(ops)),
-        match="max_call_bytes",
-    )
+    over_call_limit(local, lambda: local.apply(ops))
+    over_call_limit(local, lambda: local.settle(ops=ops), match="max_call_bytes is 1,000")
+    over_call_limit(local, lambda: asyncio.run(local.aio.apply(ops)))
     assert local.apply(ops[:1])["sent"] == 2  # 800 bytes: within the limit
 
 
 def test_a_call_over_max_call_bytes_the_client_let_through_is_refused_by_the_broker(local, dialog):
     local.max_call_bytes = 10**9  # a client that believes the limit is higher
     ops = [Send(dialog, "Req", b"x" * 600), Send(dialog, "Req", b"x" * 600)]
-    refused(
-        local, local_snapshot, InvalidArgument, lambda: local.apply(ops), match="max_call_bytes"
-    )
-    refused(
-        local,
-        local_snapshot,
-        InvalidArgument,
-        lambda: at_broker(local, pack_ops(ops)),
-        match="max_call_bytes",
-    )
+    over_call_limit(local, lambda: local.apply(ops))
+    over_call_limit(local, lambda: at_broker(local, pack_ops(ops)))
 
 
 def test_a_commit_with_ops_over_max_call_bytes_changes_nothing_and_keeps_its_lock(
