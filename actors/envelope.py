@@ -45,7 +45,12 @@ def _handle(what: str, value: object, *, none: bool = False) -> None:
 @dataclass(frozen=True)
 class Begin:
     """BEGIN DIALOG. The caller picks the handle (a fresh one by default) so that operations in
-    the same batch can send on the new dialog, and so a retried batch names the same dialog."""
+    the same batch can send on the new dialog, and so a retried batch names the same dialog.
+
+    `conversation_id` names the conversation itself (a fresh one by default): a caller that
+    derives it from its own data (the Spark bridge: ingest id and key) can find the dialog's
+    messages in the audit. `if_absent`: when the handle is already this very dialog (same services
+    and contract), the Begin does nothing, so a re-run begins each dialog once."""
 
     from_service: str
     to_service: str
@@ -55,6 +60,8 @@ class Begin:
     related_conversation: str | None = None
     related_group: str | None = None
     lifetime: float | None = None
+    conversation_id: str | None = None
+    if_absent: bool = False
 
     def __post_init__(self) -> None:
         _name("from_service", self.from_service)
@@ -73,18 +80,30 @@ class Begin:
             except InvalidArgument as exc:
                 raise InvalidArgument(f"to_broker: {exc}") from None
         checks.seconds("dialog lifetime", self.lifetime, none=True)
+        _handle("conversation_id", self.conversation_id, none=True)
+        checks.flag("if_absent", self.if_absent)
 
 
 @dataclass(frozen=True)
 class Send:
-    """SEND: every body, in order, on every handle."""
+    """SEND: every body, in order, on every handle.
+
+    `at`: the sequence number the first body must get on each dialog. Bodies whose numbers the
+    dialog has already used are skipped (they were sent by an earlier try of the same batch), so a
+    re-sent batch sends only what is new; an `at` beyond the dialog's next number is refused (it
+    would leave a gap)."""
 
     handles: tuple[str, ...]
     message_type: str
     bodies: tuple[bytes, ...]
+    at: int | None
 
     def __init__(
-        self, handles: str | Sequence[str], message_type: str, bodies: bytes | Sequence[bytes]
+        self,
+        handles: str | Sequence[str],
+        message_type: str,
+        bodies: bytes | Sequence[bytes],
+        at: int | None = None,
     ) -> None:
         handles = (
             (handles,) if isinstance(handles, str) else tuple(checks.items("handles", handles))
@@ -105,6 +124,9 @@ class Send:
         if not all(type(body) is bytes for body in bodies):
             bodies = tuple(map(_as_bytes, bodies))
         object.__setattr__(self, "bodies", tuple(bodies))
+        if at is not None:
+            checks.whole("send at (a sequence number)", at, least=0)
+        object.__setattr__(self, "at", at)
 
 
 def _as_bytes(body: object) -> bytes:
@@ -145,7 +167,7 @@ class Timer:
 
 Op = Begin | Send | End | Timer
 _TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
-_ARITY = {0: 9, 1: 4, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
+_ARITY = {0: 11, 1: 5, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
 
 
 def call_bytes(ops: Sequence[Op]) -> int:
@@ -170,7 +192,7 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
         if tag is None:
             raise InvalidArgument(f"{op!r} is not an operation; use Begin, Send, End or Timer")
         if tag == 1:
-            out.append([1, list(op.handles), op.message_type, list(op.bodies)])
+            out.append([1, list(op.handles), op.message_type, list(op.bodies), op.at])
         elif tag == 0:
             out.append(
                 [
@@ -183,6 +205,8 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
                     op.related_conversation,
                     op.related_group,
                     op.lifetime,
+                    op.conversation_id,
+                    op.if_absent,
                 ]
             )
         elif tag == 2:
@@ -215,7 +239,7 @@ def unpack_ops(blob: bytes) -> list[Op]:
                 "1 (Send), 2 (End) or 3 (Timer) and that operation's fields"
             )
         if tag == 1:
-            ops.append(Send(rec[1], rec[2], rec[3]))
+            ops.append(Send(rec[1], rec[2], rec[3], rec[4]))
         elif tag == 0:
             ops.append(Begin(*rec[1:]))
         elif tag == 2:

@@ -435,6 +435,10 @@ class Store:
             "SELECT id, at, payload FROM audit WHERE id>? ORDER BY id LIMIT ?", (after_id, limit)
         ).fetchall()
 
+    def audit_first_id(self) -> int | None:
+        """The oldest audit row still kept (None: none kept)."""
+        return self.db.execute("SELECT MIN(id) FROM audit").fetchone()[0]
+
     def prune(self, table: str, keep: int) -> None:
         """Keep only the newest `keep` rows of a bounded table (events, audit)."""
         assert table in ("events", "audit")

@@ -375,7 +375,8 @@ class Verbs:
 
     def audit(self, after_id: int = 0, limit: int = 1000) -> Any:
         """Delivery records after `after_id`, one per committed message, oldest first: at most
-        `limit` commits' worth. Returns {"records": [...], "next": id to pass as `after_id`}
+        `limit` commits' worth. Returns {"records": [...], "next": id to pass as `after_id`,
+        "missed": commits the audit's bound dropped before they were read}
         (see `actors.audit` for the record's fields)."""
         return self._call("view", "audit", {"after_id": after_id, "limit": limit})
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import checks
 from ..catalog import SYSTEM_TYPES, check_name
-from ..dialogs import State, check_send, plan_end
+from ..dialogs import Endpoint, State, check_send, plan_end
 from ..envelope import Begin, End, Op, Send, Timer, check_call_size
 from ..errors import (
     BodyTooLarge,
@@ -51,6 +51,8 @@ class Conversations(Part):
         svc = st.catalog.service(op.from_service)
         contract = st.catalog.contract(op.contract)
         check_name("service", op.to_service)
+        if op.if_absent and op.handle in st.handles:
+            return self._begun(op)
         if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
             raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
         lifetime = checks.seconds("dialog lifetime", op.lifetime, none=True)
@@ -90,10 +92,16 @@ class Conversations(Part):
                 f"service {svc.name!r} uses queue {svc.queue!r}; a group holds dialogs of one "
                 "queue"
             )
+        conversation_id = op.conversation_id or str(uuid.uuid4())
+        if (conversation_id, True) in st.conversations:
+            raise InvalidArgument(
+                f"conversation id {conversation_id!r} is already a dialog on this broker; "
+                "choose another (or leave it out for a fresh one)"
+            )
         st.new_endpoint(
             w,
             handle=op.handle,
-            conversation_id=str(uuid.uuid4()),
+            conversation_id=conversation_id,
             is_initiator=True,
             service=svc.name,
             far_service=op.to_service,
@@ -102,6 +110,23 @@ class Conversations(Part):
             expires_at=None if lifetime is None else w.now + lifetime,
             far_broker=far_broker,
         )
+        return op.handle
+
+    def _begun(self, op: Begin) -> str:
+        """BEGIN ... if absent, on a handle that exists: it must be this very dialog."""
+        ep = self.state.endpoint(op.handle)
+        same = (
+            ep.is_initiator
+            and ep.service == op.from_service
+            and ep.far_service == op.to_service
+            and ep.contract == op.contract
+            and op.conversation_id in (None, ep.conversation_id)
+        )
+        if not same:
+            raise InvalidArgument(
+                f"conversation handle {op.handle!r} is already a dialog from {ep.service!r} to "
+                f"{ep.far_service!r} on contract {ep.contract!r}, not the one this Begin names"
+            )
         return op.handle
 
     def send(self, w: Changes, op: Send) -> int:
@@ -127,11 +152,26 @@ class Conversations(Part):
                 validator.check(body)
         if not op.handles:
             raise InvalidArgument("send needs at least one conversation handle")
+        sent = 0
         for handle in op.handles:
             ep = st.endpoint(handle)
             check_send(ep, st.catalog.contract(ep.contract), mt)
-            self.delivery.transmit(w, ep, mt, op.bodies)
-        return len(op.handles) * len(op.bodies)
+            bodies = op.bodies if op.at is None else self._unsent(ep, op)
+            if bodies:
+                self.delivery.transmit(w, ep, mt, bodies)
+            sent += len(bodies)
+        return sent
+
+    @staticmethod
+    def _unsent(ep: Endpoint, op: Send) -> tuple[bytes, ...]:
+        """The bodies of a SEND ... AT whose sequence numbers the dialog has not used yet."""
+        assert op.at is not None
+        if op.at > ep.send_seq:
+            raise InvalidArgument(
+                f"send at sequence {op.at} on {ep.handle!r}, but the dialog's next is "
+                f"{ep.send_seq}: the messages between were never sent"
+            )
+        return op.bodies[ep.send_seq - op.at :]
 
     def end(self, w: Changes, op: End, held: frozenset[int]) -> None:
         st, delivery = self.state, self.delivery

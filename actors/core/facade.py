@@ -131,6 +131,10 @@ class BrokerCore:
 
     def audit(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]:
         """Delivery records after `after_id` (at most `limit` commits) and the id to pass next:
-        {"records": [...], "next": id}."""
+        {"records": [...], "next": id, "missed": n}. `missed` counts the commits after `after_id`
+        that the audit's bound (Limits.audit_rows) dropped before this read: their records are
+        gone, so a reader can say "not known" rather than "lost"."""
         recs, nxt = views.audit(self.store, after_id, limit)
-        return {"records": recs, "next": max(nxt, after_id)}
+        first = self.store.audit_first_id()
+        missed = 0 if first is None else max(0, first - after_id - 1)
+        return {"records": recs, "next": max(nxt, after_id), "missed": missed}

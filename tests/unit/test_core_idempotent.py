@@ -1,0 +1,95 @@
+"""The core's pieces for exactly-once bulk sends (the Spark bridge's ingest): BEGIN ... IF ABSENT
+with a caller-chosen conversation id, SEND ... AT a sequence number, and the audit cursor saying
+how many commits its bound dropped before they were read. No Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.envelope import Begin, Send, pack_ops, unpack_ops
+from actors.errors import InvalidArgument
+from actors.limits import Limits
+
+from .test_core_dialogs import receive_all
+
+
+def test_begin_if_absent_begins_the_dialog_once_and_keeps_the_chosen_conversation_id(core):
+    op = Begin("Init", "Target", "C", handle="ingest/k1", conversation_id="conv-k1", if_absent=True)
+
+    core.apply([op, Send(op.handle, "Req", [b"a"], at=0)])
+    again = core.apply([op, Send(op.handle, "Req", [b"a"], at=0)])
+
+    assert again == {"handles": [op.handle], "sent": 0}
+    (ep,) = [e for e in core.endpoints_view() if e["conversation_handle"] == "ingest/k1"]
+    assert ep["conversation_id"] == "conv-k1"
+    assert [m.body for m in receive_all(core, "TargetQ")] == [b"a"]
+
+
+def test_begin_if_absent_on_a_handle_of_another_dialog_is_refused(core):
+    core.apply([Begin("Init", "Target", "C", handle="h")])
+
+    with pytest.raises(InvalidArgument, match="not the one this Begin names"):
+        core.apply([Begin("Init", "Target", "C", handle="h", conversation_id="x", if_absent=True)])
+
+
+def test_a_conversation_id_in_use_is_refused_and_changes_nothing(core, snapshot):
+    core.apply([Begin("Init", "Target", "C", handle="a", conversation_id="same")])
+    before = snapshot(core)
+
+    with pytest.raises(InvalidArgument, match="already a dialog"):
+        core.apply([Begin("Init", "Target", "C", handle="b", conversation_id="same")])
+
+    assert snapshot(core) == before
+
+
+def test_send_at_skips_the_bodies_already_sent_and_sends_the_rest_in_order(core):
+    op = Begin("Init", "Target", "C", handle="h")
+    core.apply([op, Send("h", "Req", [b"0", b"1"], at=0)])
+
+    # a retry of a batch that overlaps what was sent: only 2 and 3 are new
+    result = core.apply([Send("h", "Req", [b"1", b"2", b"3"], at=1)])
+
+    assert result["sent"] == 2
+    got = receive_all(core, "TargetQ")
+    assert [(m.sequence_number, m.body) for m in got] == [(i, str(i).encode()) for i in range(4)]
+
+
+def test_send_at_beyond_the_next_sequence_number_is_refused_and_sends_nothing(core):
+    core.apply([Begin("Init", "Target", "C", handle="h"), Send("h", "Req", [b"0"], at=0)])
+
+    with pytest.raises(InvalidArgument, match="never sent"):
+        core.apply([Send("h", "Req", [b"2"], at=2)])
+
+    assert [m.body for m in receive_all(core, "TargetQ")] == [b"0"]
+
+
+@pytest.mark.parametrize("at", [-1, True, 1.5, "0"])
+def test_send_at_must_be_a_whole_number(at):
+    with pytest.raises(InvalidArgument, match="send at"):
+        Send("h", "Req", [b""], at=at)
+
+
+def test_the_new_fields_cross_the_wire():
+    ops = [
+        Begin("I", "T", "C", handle="h", conversation_id="c", if_absent=True),
+        Send("h", "Req", [b"x"], at=3),
+    ]
+    assert unpack_ops(pack_ops(ops)) == ops
+
+
+def test_the_audit_cursor_counts_commits_dropped_by_its_bound(make_core, core_clock):
+    core = make_core(limits=Limits(audit_rows=2, prune_every_s=1.0))
+    op = Begin("Init", "Target", "C")
+    core.apply([op])
+    for i in range(5):  # five commits
+        core.apply([Send(op.handle, "Req", [b"%d" % i])])
+        receive_all(core, "TargetQ")
+    assert core.audit(0)["missed"] == 0
+
+    core_clock.advance(2.0)
+    core.tick()  # prunes to the newest 2 commits
+
+    got = core.audit(0)
+    assert got["missed"] == 3
+    assert [r["sequence_number"] for r in got["records"]] == [3, 4]
+    assert core.audit(got["next"])["missed"] == 0  # a reader that kept up missed nothing
