@@ -30,6 +30,7 @@ FIELDS = (
     "committed_at",
     "status",  # "committed"
     "hops",  # brokers crossed: 0 when sent on this broker, None when not recorded
+    "audit_id",  # the commit's row in the committing broker's audit (its commit order)
 )
 
 # Per endpoint, once per group: (conversation_id, from_initiator, from_service, to_service,

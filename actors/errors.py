@@ -234,3 +234,12 @@ class ReaderLost(BrokerError):
     def __init__(self, reader: str, owner: str | None, reason: str) -> None:
         super().__init__(f"reader {reader} died: {reason}")
         self.reader, self.owner, self.reason = reader, owner, reason
+
+
+class IngestError(InvalidArgument):
+    """A DataFrame cannot be ingested as it is (a column missing or of the wrong type, a null
+    key, no rows): nothing was sent. The message names the column and what it needs."""
+
+
+class SparkUnavailable(BrokerError):
+    """Spark on Ray could not start (RayDP, Java or the Python workers); the message says why."""

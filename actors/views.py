@@ -152,6 +152,9 @@ def audit(store: Store, after_id: int = 0, limit: int = 1000) -> tuple[list[dict
     out: list[dict[str, Any]] = []
     last = 0
     for aid, _at, payload in store.audit_rows(after_id, limit):
-        out += audit_format.records(payload)
+        recs = audit_format.records(payload)
+        for r in recs:
+            r["audit_id"] = aid  # the commit's place in this broker's audit
+        out += recs
         last = aid
     return out, last

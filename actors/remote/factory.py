@@ -4,6 +4,7 @@ restart options that make a broker survive its process."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -28,14 +29,16 @@ def start_broker(
     lease_s: float | None = None,
     forward_buffer: int | None = None,
     request_retention_s: float | None = None,
+    limits: Mapping[str, Any] | None = None,
     **actor_options: Any,
 ) -> Broker:
     """Start the broker actor `name` (or attach to it if it runs), with its store at `path`
     (a SQLite file, or ":memory:" for a broker that forgets on restart). Ray restarts the actor
     if its process dies; it reopens the store and carries on. `actor_options` go to Ray
     (num_cpus, resources, scheduling_strategy, ...) for placement. `request_retention_s`: how long
-    a request id is remembered (a call retried within it applies once). Attaching to a running
-    broker with another path, durability or limits raises `InvalidArgument`."""
+    a request id is remembered (a call retried within it applies once). `limits`: any other
+    `Limits` field by name (`{"audit_rows": 10_000}` bounds the delivery audit). Attaching to a
+    running broker with another path, durability or limits raises `InvalidArgument`."""
     check_name_and_path(name, path)
     if path == ":memory:":
         warnings.warn(
@@ -51,7 +54,7 @@ def start_broker(
         "forward_buffer": forward_buffer,
         "request_retention_s": request_retention_s,
     }
-    limits = {k: v for k, v in given.items() if v is not None}
+    limits = dict(limits or {}) | {k: v for k, v in given.items() if v is not None}
     Limits.of(limits)  # bad limits are refused here, before an actor starts
     options = {"num_cpus": 0, "max_concurrency": 1000, **actor_options}
     cls = ray.remote(BrokerActor).options(

@@ -99,3 +99,12 @@ def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "con
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
+
+
+@pytest.fixture(scope="session")
+def spark(ray_session) -> Iterator[Any]:
+    """One Spark session on the test Ray (RayDP), shared by every test that needs Spark."""
+    from spark_bridge import spark_session
+
+    with spark_session(app_name="raybroker-tests") as session:
+        yield session

@@ -1,0 +1,386 @@
+"""Ingest: a Spark DataFrame becomes messages, sent from Spark's executors straight to the brokers.
+
+The rows never pass through the driver. The DataFrame is hash-partitioned by the conversation key
+and sorted by key and order within each partition; a Python worker on an executor receives each
+partition as Arrow record batches (`mapInArrow`), joins the Ray cluster, and sends the rows in
+batched `apply` calls, several in flight, to the brokers (`spark_bridge.plan` makes the calls).
+Measured on a 2-core machine, streaming a cached 1M-row DataFrame to Python workers this way took
+0.8 s, against 4.1 s for `ray.data.from_spark` plus 0.3 s to iterate the result: this path starts
+sending at once and overlaps Spark with the brokers, so it is the one used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from actors.catalog import Contract, MessageType, may_send
+from actors.errors import IngestError, UnknownContract, UnknownMessageType, UnknownService
+from actors.limits import Limits
+from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
+
+from .plan import BODY_FORMATS, IngestSpec, PartitionPlanner, check_ingest_id
+from .progress import Progress, Watcher, print_progress
+
+KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
+ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest names no order
+RESULT_SCHEMA = (
+    "rows long, sent long, dialogs long, calls long, "
+    "rejected_key string, rejected_position long, rejected_reason string"
+)
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did. `sent` counts messages sent by this run: a re-run of an ingest that
+    completed sends 0. `rejected`: rows not sent, each with its key, position and reason."""
+
+    ingest_id: str
+    rows: int
+    sent: int
+    dialogs: int
+    calls: int
+    elapsed_s: float
+    key: str | None
+    order: str | None
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ingest_id": self.ingest_id,
+            "rows": self.rows,
+            "sent": self.sent,
+            "dialogs": self.dialogs,
+            "calls": self.calls,
+            "elapsed_s": self.elapsed_s,
+            "rows_per_s": self.rows_per_s,
+            "key": self.key,
+            "order": self.order,
+            "rejected": self.rejected,
+        }
+
+
+def ingest(
+    df: Any,
+    brokers: Any,
+    *,
+    to_service: str,
+    from_service: str,
+    message_type: str,
+    body: str,
+    contract: str = "DEFAULT",
+    key: str | None = None,
+    order: str | None = None,
+    group: str | None = None,
+    body_format: str = "json",
+    ingest_id: str | None = None,
+    batch_rows: int = 4000,
+    in_flight: int = 4,
+    partitions: int | None = None,
+    progress: bool | Callable[[dict[str, Any]], None] = True,
+) -> IngestReport:
+    """Send every row of `df` as one message from `from_service` to `to_service`.
+
+    `brokers`: a broker handle or a list of them (each key's dialog goes through one, chosen by
+    the key). `body`: the column holding each body (binary, string, or a struct/list/map encoded
+    as `body_format` "json" or "msgpack"). `key`: one dialog per distinct value (default: one per
+    input partition); `order`: the column that orders a key's rows (default: the input's order);
+    `group`: dialogs with the same value share a conversation group. `ingest_id` names the ingest
+    (a fresh one by default): run again with the same id, it sends nothing twice. `progress`:
+    True prints rows and rows/s to stderr, a callable receives each view, False shows nothing.
+    """
+    started = time.monotonic()
+    ingest_id = check_ingest_id(uuid.uuid4().hex if ingest_id is None else ingest_id)
+    senders = _senders(brokers)
+    _whole("batch_rows", batch_rows)
+    _whole("in_flight", in_flight)
+    if partitions is not None:
+        _whole("partitions", partitions)
+    if body_format not in BODY_FORMATS:
+        raise IngestError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
+    mt, limits = _check_catalog(senders, from_service, to_service, contract, message_type)
+    _check_columns(df, body=body, key=key, order=order, group=group)
+    total = _count(df, key)
+    spec = IngestSpec(
+        ingest_id=ingest_id,
+        run=uuid.uuid4().hex[:16],
+        from_service=from_service,
+        to_service=to_service,
+        contract=contract,
+        message_type=mt,
+        body=body,
+        body_format=body_format,
+        key=key or KEY_COLUMN,
+        group=group,
+        senders=len(senders),
+        batch_rows=batch_rows,
+        max_body_bytes=limits.max_body_bytes,
+        call_bytes=min(IngestSpec.call_bytes, limits.max_call_bytes // 2),
+    )
+    frame = arranged(df, key, order, partitions)
+    import ray
+
+    meter_name = f"raybroker-ingest-{uuid.uuid4().hex}"  # found by name: handles are not
+    meter = ray.remote(num_cpus=0)(Progress).options(name=meter_name, namespace=NAMESPACE)
+    meter = meter.remote(total)  # picklable before a Python worker has joined Ray
+    send = _partition_sender(
+        spec,
+        [(b.name, b.namespace) for b in senders],
+        ray.get_runtime_context().gcs_address,
+        meter_name,
+        in_flight,
+    )
+    show = print_progress if progress is True else progress or None
+    try:
+        if show:
+            with Watcher(meter, show, every_s=1.0):
+                out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
+            show(ray.get(meter.view.remote()))
+        else:
+            out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
+    finally:
+        ray.kill(meter)
+    return IngestReport(
+        ingest_id=ingest_id,
+        rows=sum(r.rows for r in out),
+        sent=sum(r.sent for r in out),
+        dialogs=sum(r.dialogs for r in out),
+        calls=sum(r.calls for r in out),
+        elapsed_s=time.monotonic() - started,
+        key=key,
+        order=order,
+        rejected=[
+            {"key": r.rejected_key, "position": r.rejected_position, "reason": r.rejected_reason}
+            for r in out
+            if r.rejected_reason is not None
+        ],
+    )
+
+
+def arranged(df: Any, key: str | None, order: str | None, partitions: int | None) -> Any:
+    """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
+    sorted by (key, order). Without a key, each input partition is a key and keeps its order.
+    The reconciliation derives rows' positions the same way."""
+    from pyspark.sql import functions as F
+
+    if key is None:
+        return df.withColumn(KEY_COLUMN, F.spark_partition_id())
+    if order is None:
+        df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
+        order = ORDER_COLUMN
+    n = partitions or df.sparkSession.sparkContext.defaultParallelism
+    return df.repartition(n, key).sortWithinPartitions(key, order)
+
+
+def _partition_sender(
+    spec: IngestSpec,
+    brokers: Sequence[tuple[str, str]],
+    address: str,
+    meter_name: str,
+    in_flight: int,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function Spark runs on each partition, in a Python worker on an executor."""
+
+    def send_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import ray
+
+        from actors.remote.client import connect
+
+        if not ray.is_initialized():  # a Python worker joins the cluster once, then is reused
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        handles = [connect(name, namespace) for name, namespace in brokers]
+        meter = ray.get_actor(meter_name, namespace=NAMESPACE)
+        planner = PartitionPlanner(spec)
+        sent, calls = asyncio.run(_send(planner, batches, handles, meter, in_flight))
+        yield pa.RecordBatch.from_pylist(
+            [
+                {"rows": planner.rows, "sent": sent, "dialogs": planner.dialogs, "calls": calls}
+                | {"rejected_key": None, "rejected_position": None, "rejected_reason": None}
+            ]
+            + [
+                {"rows": 0, "sent": 0, "dialogs": 0, "calls": 0}
+                | {
+                    "rejected_key": r.key,
+                    "rejected_position": r.position,
+                    "rejected_reason": r.reason,
+                }
+                for r in planner.rejected
+            ],
+            schema=_RESULT_ARROW,
+        )
+
+    return send_partition
+
+
+async def _send(
+    planner: PartitionPlanner,
+    batches: Iterator[pa.RecordBatch],
+    handles: Sequence[Any],
+    meter: Any,
+    in_flight: int,
+) -> tuple[int, int]:
+    """Send a partition's calls, up to `in_flight` at once; calls from one handle apply in the
+    order issued (actors.ordering), so a key's rows keep their order."""
+    pending: deque[asyncio.Task[Any]] = deque()
+    sent = calls = 0
+    pid = os.getpid()
+
+    async def settle(task: asyncio.Task[Any]) -> None:
+        nonlocal sent
+        result, rows = await task
+        sent += result["sent"]
+        meter.add.remote(pid, rows, result["sent"])
+
+    async def one(handle: Any, ops: list[Any], request_id: str, rows: int) -> tuple[Any, int]:
+        return await handle.aio.apply(ops, request_id=request_id), rows
+
+    for batch in batches:
+        for call in planner.calls(batch):
+            pending.append(
+                asyncio.ensure_future(
+                    one(handles[call.sender], call.ops, call.request_id, call.rows)
+                )
+            )
+            await asyncio.sleep(0)  # let it issue now, in order
+            calls += 1
+            if len(pending) >= in_flight:
+                await settle(pending.popleft())
+    while pending:
+        await settle(pending.popleft())
+    return sent, calls
+
+
+_RESULT_ARROW = pa.schema(
+    [
+        ("rows", pa.int64()),
+        ("sent", pa.int64()),
+        ("dialogs", pa.int64()),
+        ("calls", pa.int64()),
+        ("rejected_key", pa.string()),
+        ("rejected_position", pa.int64()),
+        ("rejected_reason", pa.string()),
+    ]
+)
+
+
+# --- checks before anything is sent --------------------------------------------------------------
+
+
+def _whole(what: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise IngestError(f"{what} must be a whole number of at least 1, not {value!r}")
+
+
+def _senders(brokers: Any) -> list[Any]:
+    from actors.remote.client import Broker
+
+    out = [brokers] if isinstance(brokers, Broker) else list(brokers or [])
+    if not out or not all(isinstance(b, Broker) for b in out):
+        raise IngestError(
+            "brokers must be a broker handle (start_broker / connect) or a non-empty list of them"
+        )
+    return out
+
+
+def _check_catalog(
+    senders: Sequence[Any], from_service: str, to_service: str, contract: str, message_type: str
+) -> tuple[MessageType, Limits]:
+    """The message type to validate bodies with and the tightest limits of the senders; refuses,
+    naming what is missing, when a sender could not begin or send on the dialog."""
+    mt: MessageType | None = None
+    tightest: dict[str, int] = {}
+    for b in senders:
+        defs: dict[tuple[str, str], dict[str, Any]] = {
+            (kind, rec["name"]): rec for kind, rec in b.definitions()
+        }
+        svc = defs.get(("service", from_service))
+        if svc is None:
+            raise UnknownService(
+                from_service, f"broker {b.name!r} has no such service to send from"
+            )
+        rec = defs.get(("message_type", message_type))
+        if rec is None:
+            raise UnknownMessageType(message_type, f"broker {b.name!r} does not define it")
+        con = defs.get(("contract", contract))
+        if con is None:
+            raise UnknownContract(contract, f"broker {b.name!r} does not define it")
+        if not may_send(Contract(con["name"], con["messages"]), message_type, True):
+            raise IngestError(
+                f"contract {contract!r} does not let the initiator send {message_type!r}"
+            )
+        mt = MessageType(rec["name"], rec["validation"], rec.get("schema"))
+        own = Limits.of(b.info().get("limits"))
+        for name in ("max_body_bytes", "max_call_bytes"):
+            tightest[name] = min(tightest.get(name, getattr(own, name)), getattr(own, name))
+    assert mt is not None
+    del to_service  # routed by the brokers; a missing route is the brokers' to report
+    return mt, Limits.of(tightest)
+
+
+_BODY_TYPES = ("binary", "string", "struct", "array", "map")
+_KEY_TYPES = ("string", "tinyint", "smallint", "int", "bigint")
+
+
+def _check_columns(
+    df: Any, *, body: str, key: str | None, order: str | None, group: str | None
+) -> None:
+    from pyspark.sql import DataFrame
+
+    if not isinstance(df, DataFrame):
+        raise IngestError(f"expected a Spark DataFrame, not {type(df).__name__}")
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+
+    def column(role: str, name: str | None, allowed: Sequence[str] | None) -> None:
+        if name is None:
+            return
+        if not isinstance(name, str) or name not in types:
+            raise IngestError(
+                f"the {role} column {name!r} is not in the DataFrame; its columns are "
+                f"{sorted(types)}"
+            )
+        kind = types[name].split("<")[0]
+        if allowed is not None and kind not in allowed:
+            raise IngestError(
+                f"the {role} column {name!r} is {types[name]}; it must be one of "
+                f"{', '.join(allowed)}"
+            )
+
+    column("body", body, _BODY_TYPES)
+    column("key", key, _KEY_TYPES)
+    column("group", group, _KEY_TYPES)
+    column("order", order, None)
+    if order is not None and key is None:
+        raise IngestError("an order column orders the rows of each key: name a key column too")
+    if order is not None and types[order].split("<")[0] in ("struct", "array", "map", "binary"):
+        raise IngestError(f"the order column {order!r} is {types[order]}; it cannot be sorted")
+
+
+def _count(df: Any, key: str | None) -> int:
+    """Rows in `df`, refusing an empty DataFrame or a null key (one pass over the data)."""
+    from pyspark.sql import functions as F
+
+    aggs = [F.count(F.lit(1)).alias("n")]
+    if key is not None:
+        aggs.append(F.count(F.when(F.col(key).isNull(), 1)).alias("null_keys"))
+    row = df.agg(*aggs).collect()[0]
+    if row["n"] == 0:
+        raise IngestError("the DataFrame has no rows: nothing to ingest")
+    if key is not None and row["null_keys"]:
+        raise IngestError(
+            f"{row['null_keys']:,} rows have a null key in column {key!r}; every row needs a "
+            "key (fill or drop them first)"
+        )
+    return row["n"]

@@ -1,0 +1,256 @@
+"""How the rows of one Spark partition become batched, idempotent `apply` calls. Plain Python over
+pyarrow record batches: no Spark, no Ray, so every rule here is unit-tested on its own.
+
+A row's identity is the ingest id, its key and its position among the key's rows. Each key is one
+dialog whose handle and conversation id are derived from the ingest id and the key, begun with
+`if_absent`; the row sent k-th on it is sent `at` sequence number k. So however the rows are cut
+into batches, a retried call, a retried task or a re-run of the whole ingest sends no row twice:
+the broker skips the sequence numbers the dialog has already used. Request ids, derived from the
+ingest id, the run and the batch's contents, let a retried call or a retried Spark task of the
+same run get its first answer back without work; a new run gets new ones, so its report counts
+only what it really sent (the sequence numbers keep it from sending anything twice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+
+from actors.bodies import BodyValidator
+from actors.catalog import MessageType
+from actors.envelope import MAX_HANDLE, Begin, Op, Send
+from actors.errors import InvalidArgument
+
+BODY_FORMATS = ("json", "msgpack")  # how a struct (or list, or map) body column is encoded
+MAX_INGEST_ID = 100
+_KEY_DIGEST = 32  # hex characters of sha256 in a dialog id
+
+
+def check_ingest_id(ingest_id: object) -> str:
+    ok = isinstance(ingest_id, str) and 0 < len(ingest_id) <= MAX_INGEST_ID
+    if not ok or ingest_id != ingest_id.strip() or "/" in ingest_id:
+        raise InvalidArgument(
+            f"ingest_id must be a non-empty string of at most {MAX_INGEST_ID} characters with no "
+            f"'/' and no surrounding spaces, not {ingest_id!r}"
+        )
+    return ingest_id
+
+
+def key_text(value: object) -> str:
+    """A key as text: the same text Spark's cast to string gives (strings and whole numbers)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise InvalidArgument(f"a conversation key must be a string or a whole number, not {value!r}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:_KEY_DIGEST]
+
+
+def dialog_id(ingest_id: str, key: str) -> str:
+    """The handle and conversation id of one key's dialog: `<ingest id>/<sha256(key)[:32]>`
+    (Spark computes the same with `concat(id, '/', substring(sha2(key, 256), 1, 32))`)."""
+    return f"{ingest_id}/{_digest(key)}"
+
+
+def group_id(ingest_id: str, group: str) -> str:
+    return f"{ingest_id}/g/{_digest(group)}"
+
+
+def broker_of(key: str, brokers: int) -> int:
+    """Which of the senders a key's dialog goes through: stable across runs and processes."""
+    return int(_digest(key)[:8], 16) % brokers
+
+
+assert len(dialog_id("x" * MAX_INGEST_ID, "k")) <= MAX_HANDLE
+
+
+def encode_bodies(column: pa.Array, body_format: str) -> list[bytes | None]:
+    """A body column as bytes: binary as it is, strings as UTF-8, structs, lists and maps as
+    JSON or msgpack. Nulls stay None (those rows are rejected)."""
+    t = column.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return column.to_pylist()
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return [None if s is None else s.encode() for s in column.to_pylist()]
+    if pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_map(t):
+        values = column.to_pylist()
+        if body_format == "json":
+            dump = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False).encode
+            return [None if v is None else dump(v).encode() for v in values]
+        pack = msgpack.Packer(default=str, use_bin_type=True).pack
+        return [None if v is None else pack(v) for v in values]
+    raise InvalidArgument(f"a body column must be binary, string, struct, list or map, not {t}")
+
+
+@dataclass(frozen=True)
+class IngestSpec:
+    """What every sender needs to know about one ingest (pickled to Spark's Python workers)."""
+
+    ingest_id: str
+    run: str  # this run of the ingest (a fresh id per call of `ingest`)
+    from_service: str
+    to_service: str
+    contract: str
+    message_type: MessageType
+    body: str
+    body_format: str = "json"
+    key: str = "key"  # the column of conversation keys
+    group: str | None = None
+    senders: int = 1  # brokers sending; a key's dialog goes through broker_of(key, senders)
+    batch_rows: int = 4000
+    max_body_bytes: int = 4 << 20
+    call_bytes: int = 16 << 20  # bodies per call, summed (well under the brokers' max_call_bytes)
+
+
+def slices(bodies: Sequence[bytes | None], rows: int, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of consecutive runs of at most `rows` bodies and, unless one body alone is
+    bigger, at most `max_bytes` bytes."""
+    start, size = 0, 0
+    for i, body in enumerate(bodies):
+        n = len(body) if body is not None else 0
+        if i > start and (i - start >= rows or size + n > max_bytes):
+            yield start, i
+            start, size = i, 0
+        size += n
+    if start < len(bodies):
+        yield start, len(bodies)
+
+
+@dataclass
+class Call:
+    """One `apply` call to one sending broker."""
+
+    sender: int
+    ops: list[Op]
+    request_id: str
+    rows: int
+
+
+@dataclass
+class Rejected:
+    """A row that was not sent, and why."""
+
+    key: str
+    position: int
+    reason: str
+
+
+@dataclass
+class _Dialog:
+    key: str
+    handle: str
+    position: int = 0  # the next row's position among the key's rows
+    sent: int = 0  # rows of the key sent so far: the next row's sequence number
+
+
+@dataclass
+class PartitionPlanner:
+    """Turns the rows of one partition, sorted by key then order, into apply calls. Keeps the
+    current key across batches, so a key's rows may span several."""
+
+    spec: IngestSpec
+    rejected: list[Rejected] = field(default_factory=list)
+    dialogs: int = 0
+    rows: int = 0
+    _dialog: _Dialog | None = None
+    _validator: BodyValidator | None = None
+
+    def __post_init__(self) -> None:
+        self._validator = BodyValidator(self.spec.message_type, strict=False)
+
+    def calls(self, batch: pa.RecordBatch) -> Iterator[Call]:
+        """The apply calls that send `batch`'s rows, at most `batch_rows` rows each."""
+        spec = self.spec
+        n = batch.num_rows
+        bodies = encode_bodies(batch.column(spec.body), spec.body_format)
+        keys = [key_text(k) for k in batch.column(spec.key).to_pylist()]
+        groups = batch.column(spec.group).to_pylist() if spec.group else None
+        for start, stop in slices(bodies, spec.batch_rows, spec.call_bytes):
+            yield from self._calls(
+                keys[start:stop], bodies[start:stop], None if groups is None else groups[start:stop]
+            )
+        self.rows += n
+
+    def _calls(
+        self, keys: Sequence[str], bodies: Sequence[bytes | None], groups: Sequence[Any] | None
+    ) -> Iterator[Call]:
+        spec = self.spec
+        per_sender: dict[int, tuple[list[Op], list[tuple[str, int, int]], list[int]]] = {}
+        i, n = 0, len(keys)
+        while i < n:
+            key = keys[i]
+            j = i
+            while j < n and keys[j] == key:
+                j += 1
+            dialog = self._dialog_for(key)
+            first_seq = dialog.sent
+            run: list[bytes] = []
+            for body in bodies[i:j]:
+                why = self._refused(body)
+                if why is None:
+                    run.append(body)
+                    dialog.sent += 1
+                else:
+                    self.rejected.append(Rejected(key, dialog.position, why))
+                dialog.position += 1
+            if run:
+                sender = broker_of(key, spec.senders)
+                ops, sends, count = per_sender.setdefault(sender, ([], [], [0]))
+                group = None if groups is None or groups[i] is None else str(groups[i])
+                ops.append(
+                    Begin(
+                        spec.from_service,
+                        spec.to_service,
+                        spec.contract,
+                        handle=dialog.handle,
+                        conversation_id=dialog.handle,
+                        related_group=None if group is None else group_id(spec.ingest_id, group),
+                        if_absent=True,
+                    )
+                )
+                ops.append(Send(dialog.handle, spec.message_type.name, run, at=first_seq))
+                sends.append((dialog.handle, first_seq, len(run)))
+                count[0] += len(run)
+            i = j
+        for sender, (ops, sends, count) in sorted(per_sender.items()):
+            yield Call(sender, ops, request_id(spec, sends), count[0])
+
+    def _dialog_for(self, key: str) -> _Dialog:
+        if self._dialog is None or self._dialog.key != key:
+            self._dialog = _Dialog(key, dialog_id(self.spec.ingest_id, key))
+            self.dialogs += 1
+        return self._dialog
+
+    def _refused(self, body: bytes | None) -> str | None:
+        """Why a row cannot be sent (None: it can)."""
+        if body is None:
+            return "the body is null"
+        if len(body) > self.spec.max_body_bytes:
+            return (
+                f"the body is {len(body):,} bytes, over the broker's max_body_bytes "
+                f"({self.spec.max_body_bytes:,})"
+            )
+        try:
+            assert self._validator is not None
+            self._validator.check(body)
+        except Exception as exc:  # ValidationFailed, named by the validator
+            return str(exc)
+        return None
+
+
+def request_id(spec: IngestSpec, sends: Sequence[tuple[str, int, int]]) -> str:
+    """A call's request id, from the ingest id, the run and what it sends (dialog, first
+    sequence, count): the same call made again in the same run carries the same id."""
+    h = hashlib.sha256()
+    for handle, at, count in sends:
+        h.update(f"{handle}\0{at}\0{count}\0".encode())
+    return f"ingest/{spec.ingest_id}/{spec.run}/{h.hexdigest()[:40]}"

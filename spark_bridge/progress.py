@@ -1,0 +1,71 @@
+"""An ingest's progress: senders on Spark's executors count what they sent into one small Ray
+actor, and the driver shows rows and rows/s while the job runs."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Progress:
+    """Counts of one ingest, as the senders report them."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.rows = 0
+        self.sent = 0
+        self.started = time.monotonic()
+        self.senders: set[int] = set()  # process ids of the senders seen (for operators, tests)
+
+    def add(self, pid: int, rows: int, sent: int) -> None:
+        self.senders.add(pid)
+        self.rows += rows
+        self.sent += sent
+
+    def view(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {
+            "rows": self.rows,
+            "sent": self.sent,
+            "total": self.total,
+            "rows_per_s": self.rows / elapsed,
+            "senders": sorted(self.senders),
+        }
+
+
+def line(view: dict[str, Any]) -> str:
+    share = f" ({100 * view['rows'] / view['total']:.0f}%)" if view["total"] else ""
+    return f"{view['rows']:,}/{view['total']:,} rows{share}, {view['rows_per_s']:,.0f} rows/s"
+
+
+class Watcher:
+    """Polls the progress actor from a driver thread and hands each view to `show`."""
+
+    def __init__(self, actor: Any, show: Callable[[dict[str, Any]], None], every_s: float) -> None:
+        self.actor, self.show, self.every_s = actor, show, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ingest-progress")
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import ray
+
+        while not self._stop.wait(self.every_s):
+            try:
+                self.show(ray.get(self.actor.view.remote(), timeout=self.every_s))
+            except Exception:  # progress is best effort: never fail the ingest over it
+                continue
+
+
+def print_progress(view: dict[str, Any]) -> None:
+    print(f"ingest: {line(view)}", file=sys.stderr, flush=True)

@@ -1,0 +1,190 @@
+"""Reconciliation: the ingested DataFrame joined to the delivery audit, proving every row arrived
+once and in order, or naming the keys where one did not.
+
+Each input row is numbered as the ingest numbered it: its key's dialog (`plan.dialog_id`,
+computed here in Spark SQL) and its sequence number on that dialog (its position among the key's
+rows, rejected rows left out). The audit holds one record per message committed by a receiver.
+A row with no record is missing, one with several is doubled, and one committed after a later row
+of its key is out of order. When the audit rolled over before it was read, rows without a record
+cannot be told from lost ones: they are reported as unaccounted, not missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ingest import KEY_COLUMN, ORDER_COLUMN
+from .plan import _KEY_DIGEST, check_ingest_id
+
+MAX_KEYS_SHOWN = 100
+
+
+@dataclass
+class Reconciliation:
+    """Counts of rows expected, delivered once, missing, doubled (extra copies) and out of order,
+    the keys each affects (at most MAX_KEYS_SHOWN), and per key (`per_key`, a DataFrame)."""
+
+    expected: int
+    delivered: int
+    missing: int
+    doubled: int
+    out_of_order: int
+    unexpected: int  # audit records of the ingest's dialogs that match no input row
+    unaccounted: int  # rows without a record while the audit is incomplete
+    audit_complete: bool
+    missing_keys: list[str] = field(default_factory=list)
+    doubled_keys: list[str] = field(default_factory=list)
+    out_of_order_keys: list[str] = field(default_factory=list)
+    per_key: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.audit_complete and not (
+            self.missing or self.doubled or self.out_of_order or self.unexpected
+        )
+
+    def summary(self) -> str:
+        lines = [
+            f"expected {self.expected:,} rows: {self.delivered:,} delivered once, "
+            f"{self.missing:,} missing, {self.doubled:,} doubled, "
+            f"{self.out_of_order:,} out of order, {self.unexpected:,} unexpected"
+        ]
+        for what, keys in (
+            ("missing", self.missing_keys),
+            ("doubled", self.doubled_keys),
+            ("out of order", self.out_of_order_keys),
+        ):
+            if keys:
+                lines.append(f"keys with rows {what}: {', '.join(keys)}")
+        if not self.audit_complete:
+            lines.append(
+                f"the audit rolled over before it was read: {self.unaccounted:,} rows have no "
+                "record and cannot be told from lost ones (raise the brokers' audit_rows limit, "
+                "or read the audit more often)"
+            )
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "per_key"} | {"ok": self.ok}
+
+
+def expected_rows(
+    df: Any,
+    ingest_id: str,
+    key: str | None,
+    order: str | None,
+    rejected: Iterable[Mapping[str, Any]] = (),
+) -> Any:
+    """The input as the ingest numbered it: (key, conversation_id, sequence_number) per row sent."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if key is None:
+        df = df.withColumn(KEY_COLUMN, F.spark_partition_id())
+        key, order = KEY_COLUMN, ORDER_COLUMN
+        df = df.withColumn(order, F.monotonically_increasing_id())
+    elif order is None:
+        order = ORDER_COLUMN
+        df = df.withColumn(order, F.monotonically_increasing_id())
+    rows = df.select(F.col(key).cast("string").alias("key"), F.col(order).alias("_order"))
+    rows = rows.withColumn(
+        "position", F.row_number().over(Window.partitionBy("key").orderBy("_order")) - 1
+    )
+    spark = df.sparkSession
+    out = [(str(r["key"]), int(r["position"])) for r in rejected]
+    if out:
+        gone = spark.createDataFrame(out, "key string, position long")
+        rows = rows.join(gone, ["key", "position"], "left_anti")
+    return rows.select(
+        "key",
+        F.concat(
+            F.lit(f"{ingest_id}/"), F.substring(F.sha2(F.col("key"), 256), 1, _KEY_DIGEST)
+        ).alias("conversation_id"),
+        (F.row_number().over(Window.partitionBy("key").orderBy("position")) - 1).alias(
+            "sequence_number"
+        ),
+    )
+
+
+def reconcile(
+    audit: Any,
+    df: Any,
+    *,
+    ingest_id: str,
+    key: str | None = None,
+    order: str | None = None,
+    rejected: Iterable[Mapping[str, Any]] = (),
+    audit_complete: bool = True,
+) -> Reconciliation:
+    """Join the audit (a DataFrame of delivery records, or an `AuditRead`) to the ingested
+    DataFrame `df`. `ingest_id`, `key` and `order` are the ingest's (its report has them);
+    `rejected`: the report's rejected rows, which were never sent."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    check_ingest_id(ingest_id)
+    if hasattr(audit, "df"):  # an AuditRead
+        audit_complete = audit_complete and audit.complete
+        audit = audit.df
+    expected = expected_rows(df, ingest_id, key, order, rejected).cache()
+    ours = audit.filter(
+        F.col("from_initiator") & F.col("conversation_id").startswith(f"{ingest_id}/")
+    ).select("conversation_id", "sequence_number", "audit_id", "to_broker")
+    copies = ours.groupBy("conversation_id", "sequence_number").agg(F.count("*").alias("copies"))
+    joined = expected.join(copies, ["conversation_id", "sequence_number"], "left").fillna(
+        0, ["copies"]
+    )
+    # out of order: committed after a message with a higher sequence number of the same dialog
+    seen = Window.partitionBy("conversation_id").orderBy("audit_id", "sequence_number")
+    late = (
+        ours.withColumn(
+            "before",
+            F.max("sequence_number").over(seen.rowsBetween(Window.unboundedPreceding, -1)),
+        )
+        .filter(F.col("before") > F.col("sequence_number"))
+        .select("conversation_id", "sequence_number")
+        .distinct()
+        .withColumn("late", F.lit(1))
+    )
+    joined = joined.join(late, ["conversation_id", "sequence_number"], "left").fillna(0, ["late"])
+    per_key = (
+        joined.groupBy("key")
+        .agg(
+            F.count("*").alias("expected"),
+            F.sum((F.col("copies") == 1).cast("long")).alias("delivered"),
+            F.sum((F.col("copies") == 0).cast("long")).alias("missing"),
+            F.sum(F.greatest(F.col("copies") - 1, F.lit(0))).alias("doubled"),
+            F.sum("late").alias("out_of_order"),
+        )
+        .cache()
+    )
+    totals = per_key.agg(
+        *(F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in per_key.columns[1:])
+    ).collect()[0]
+    unexpected = (
+        copies.join(expected, ["conversation_id", "sequence_number"], "left_anti")
+        .agg(F.coalesce(F.sum("copies"), F.lit(0)))
+        .collect()[0][0]
+    )
+
+    def keys(column: str) -> list[str]:
+        rows = per_key.filter(F.col(column) > 0).orderBy("key").limit(MAX_KEYS_SHOWN).collect()
+        return [r["key"] for r in rows]
+
+    missing = int(totals["missing"])
+    return Reconciliation(
+        expected=int(totals["expected"]),
+        delivered=int(totals["delivered"]),
+        missing=missing if audit_complete else 0,
+        doubled=int(totals["doubled"]),
+        out_of_order=int(totals["out_of_order"]),
+        unexpected=int(unexpected),
+        unaccounted=0 if audit_complete else missing,
+        audit_complete=audit_complete,
+        missing_keys=keys("missing") if audit_complete else [],
+        doubled_keys=keys("doubled"),
+        out_of_order_keys=keys("out_of_order"),
+        per_key=per_key,
+    )

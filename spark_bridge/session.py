@@ -1,0 +1,99 @@
+"""Spark on the running Ray cluster through RayDP, with what JDK 17 and PySpark need set for the
+caller: the module openings RayDP's Arrow transfer uses, and the Python the executors run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from actors.errors import SparkUnavailable
+
+# Packages of java.base that Spark and RayDP reach into by reflection; JDK 17 closes them.
+_OPENED = (
+    "java.lang",
+    "java.lang.invoke",
+    "java.io",
+    "java.net",
+    "java.nio",
+    "java.math",
+    "java.text",
+    "java.util",
+    "java.util.concurrent",
+    "java.util.concurrent.atomic",
+    "sun.nio.ch",
+    "sun.nio.cs",
+    "sun.security.action",
+    "sun.util.calendar",
+)
+JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENED)
+
+
+def spark_configs(executor_cpus: float, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
+    app master, this interpreter for Python workers, and how many Ray CPUs an executor holds (less
+    than its cores, so Ray tasks and the brokers' readers still get CPUs beside it)."""
+    conf = {
+        "spark.driver.extraJavaOptions": JAVA_OPTIONS,
+        "spark.executor.extraJavaOptions": JAVA_OPTIONS,
+        "spark.ray.raydp_app_master.extraJavaOptions": JAVA_OPTIONS,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.ray.raydp_spark_executor.actor.resource.cpu": str(executor_cpus),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    conf.update(extra or {})
+    return conf
+
+
+@contextlib.contextmanager
+def spark_session(
+    spark: Any = None,
+    *,
+    app_name: str = "raybroker",
+    executors: int = 1,
+    cores: int = 2,
+    memory: str = "2GB",
+    executor_cpus: float = 1.0,
+    configs: Mapping[str, str] | None = None,
+) -> Iterator[Any]:
+    """`with spark_session() as spark:` Spark on Ray (a local embedded Ray unless the driver is
+    already connected, or $RAY_ADDRESS names a cluster), stopped cleanly on exit.
+
+    Pass `spark` (a SparkSession on Ray you manage) to use it as it is: it is not stopped. A
+    RayDP session already running in this process is used the same way."""
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    if spark is not None:
+        yield spark
+        return
+    from actors.remote.runtime import ensure_ray
+
+    ensure_ray()
+    import raydp
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    try:
+        session = raydp.init_spark(
+            app_name,
+            num_executors=executors,
+            executor_cores=cores,
+            executor_memory=memory,
+            configs=spark_configs(executor_cpus, configs),
+        )
+    except Exception as exc:  # RayDP raises bare Exceptions (Java missing, gateway died, ...)
+        raise SparkUnavailable(
+            f"Spark on Ray did not start ({type(exc).__name__}: {exc}); check that Java 17 is "
+            "on PATH (java -version) and that the Ray cluster has "
+            f"{executors * executor_cpus:g} free CPUs for the executors"
+        ) from exc
+    try:
+        session.sparkContext.setLogLevel("ERROR")
+        yield session
+    finally:
+        raydp.stop_spark()

@@ -1,0 +1,407 @@
+"""The Spark bridge on a real Spark-on-Ray session (RayDP) with real brokers: ingest from Spark's
+executors, exactly once under re-runs and a killed sender, the audit as a DataFrame, and the
+reconciliation that proves nothing was lost, doubled or reordered."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+
+import pytest
+from pyspark.sql import functions as F
+
+from actors import IngestError
+from actors.errors import UnknownMessageType
+from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
+from spark_bridge.plan import dialog_id
+
+from .conftest import define_orders, wait_until
+
+pytestmark = pytest.mark.slow
+
+SEND = {"from_service": "Orders", "to_service": "Fulfilment", "contract": "OrderContract"}
+
+
+def orders_frame(spark, rows: int, keys: int):
+    """`rows` orders over `keys` customers; `ts` orders each customer's rows (shuffled against
+    the input's own order), `order` is the JSON body."""
+    return (
+        spark.range(rows)
+        .select(
+            (F.col("id") % keys).cast("string").alias("customer"),
+            ((F.col("id") * 7919) % rows).alias("ts"),
+            F.struct(F.col("id").alias("id"), (F.col("id") % keys).alias("customer")).alias(
+                "order"
+            ),
+        )
+        .cache()
+    )
+
+
+def drain(broker, queue="FulfilmentQueue"):
+    """Every message waiting on `queue`, received and committed, as decoded bodies."""
+    out = []
+    while got := broker.receive(queue, max_groups=100, top=100_000):
+        out += [json.loads(m.body) for g in got for m in g.messages]
+        broker.commit(got)
+    return out
+
+
+@pytest.fixture
+def orders_broker(make_broker):
+    b = make_broker()
+    define_orders(b)
+    return b
+
+
+def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_broker):
+    df = orders_frame(spark, 3000, 40)
+
+    report = ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        progress=False,
+    )
+
+    assert (report.rows, report.sent, report.dialogs, report.rejected) == (3000, 3000, 40, [])
+    assert report.rows_per_s > 0
+    got = drain(orders_broker)
+    assert sorted(o["id"] for o in got) == list(range(3000))
+    ts = {r["order"]["id"]: r["ts"] for r in df.collect()}
+    by_customer: dict[int, list[int]] = {}
+    for o in got:
+        by_customer.setdefault(o["customer"], []).append(ts[o["id"]])
+    assert len(by_customer) == 40
+    assert all(seen == sorted(seen) for seen in by_customer.values())
+
+
+def test_reconciliation_is_clean_then_reports_an_injected_drop_and_double(spark, orders_broker):
+    df = orders_frame(spark, 1000, 10)
+    report = ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        progress=False,
+    )
+    drain(orders_broker)
+    audit = audit_frame(spark, orders_broker)
+    args = {"ingest_id": report.ingest_id, "key": "customer", "order": "ts"}
+
+    clean = reconcile(audit, df, **args)
+
+    assert (clean.expected, clean.delivered) == (1000, 1000)
+    assert (clean.missing, clean.doubled, clean.out_of_order, clean.unexpected) == (0, 0, 0, 0)
+    assert clean.ok
+
+    records = audit.df
+    victim = records.orderBy("conversation_id", "sequence_number").limit(1).collect()[0]
+    dropped = records.filter(
+        (F.col("conversation_id") != victim["conversation_id"])
+        | (F.col("sequence_number") != victim["sequence_number"])
+    )
+    twice = records.union(records.filter(F.col("message_id") == victim["message_id"]))
+
+    lost = reconcile(dropped, df, **args)
+    doubled = reconcile(twice, df, **args)
+
+    # the key whose dialog the victim was on (dialog ids are derived from ingest id and key)
+    (victim_key,) = [
+        k
+        for k in map(str, range(10))
+        if dialog_id(report.ingest_id, k) == victim["conversation_id"]
+    ]
+    assert (lost.missing, lost.doubled, lost.missing_keys, lost.ok) == (1, 0, [victim_key], False)
+    assert (doubled.missing, doubled.doubled, doubled.doubled_keys) == (0, 1, [victim_key])
+
+
+def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broker, tmp_path):
+    df = orders_frame(spark, 2000, 25)
+    first = ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        ingest_id="rerun-1",
+        progress=False,
+    )
+
+    again = ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        ingest_id="rerun-1",
+        batch_rows=333,
+        progress=False,
+    )
+
+    assert (first.sent, again.sent, again.rows) == (2000, 0, 2000)
+    assert sorted(o["id"] for o in drain(orders_broker)) == list(range(2000))
+    result = reconcile(
+        audit_frame(spark, orders_broker), df, ingest_id="rerun-1", key="customer", order="ts"
+    )
+    assert result.ok and result.delivered == 2000
+
+
+def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, orders_broker):
+    df = orders_frame(spark, 200_000, 50)
+    killed: list[int] = []
+
+    def kill_first_sender(view):  # the real process sending to the broker, SIGKILLed
+        if not killed and view["senders"] and 0 < view["rows"] < view["total"]:
+            killed.append(view["senders"][0])
+            os.kill(view["senders"][0], signal.SIGKILL)
+
+    # Spark retries the task (exactly once, by sequence numbers) or gives up on the job; either
+    # way the re-run below must leave every row delivered once
+    with contextlib.suppress(Exception):
+        ingest(
+            df,
+            orders_broker,
+            **SEND,
+            message_type="Order",
+            body="order",
+            key="customer",
+            order="ts",
+            ingest_id="killed-1",
+            batch_rows=500,
+            progress=kill_first_sender,
+        )
+    rerun = ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        ingest_id="killed-1",
+        progress=False,
+    )
+
+    assert killed, "the ingest ended before a sender could be killed"
+    assert rerun.rows == 200_000
+    got = drain(orders_broker)
+    assert len(got) == 200_000 and len({o["id"] for o in got}) == 200_000
+    result = reconcile(
+        audit_frame(spark, orders_broker), df, ingest_id="killed-1", key="customer", order="ts"
+    )
+    assert (result.missing, result.doubled, result.out_of_order, result.delivered) == (
+        0,
+        0,
+        0,
+        200_000,
+    )
+
+
+def test_rows_failing_validation_are_listed_and_the_rest_delivered(spark, orders_broker):
+    good = [("a", 0, '{"id": 0}'), ("a", 1, "not json"), ("a", 2, '{"id": 2}'), ("b", 0, None)]
+    df = spark.createDataFrame(good, "customer string, ts long, order string")
+
+    report = ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        progress=False,
+    )
+
+    assert report.sent == 2
+    assert [(r["key"], r["position"]) for r in report.rejected] == [("a", 1), ("b", 0)]
+    assert "JSON" in report.rejected[0]["reason"] or "json" in report.rejected[0]["reason"]
+    assert report.rejected[1]["reason"] == "the body is null"
+    assert sorted(o["id"] for o in drain(orders_broker)) == [0, 2]
+    result = reconcile(
+        audit_frame(spark, orders_broker),
+        df,
+        ingest_id=report.ingest_id,
+        key="customer",
+        order="ts",
+        rejected=report.rejected,
+    )
+    assert result.ok and (result.expected, result.delivered) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"body": "missing"}, IngestError, "'missing' is not in the DataFrame"),
+        ({"body": "ts"}, IngestError, "body column 'ts' is bigint"),
+        ({"key": "nope"}, IngestError, "key column 'nope' is not in the DataFrame"),
+        ({"key": "order"}, IngestError, "key column 'order' is struct"),
+        ({"message_type": "NoSuchType"}, UnknownMessageType, "NoSuchType"),
+        ({"message_type": "Ack"}, IngestError, "does not let the initiator send 'Ack'"),
+        ({"batch_rows": 0}, IngestError, "batch_rows"),
+        ({"body_format": "xml"}, IngestError, "body_format"),
+        ({"ingest_id": "a/b"}, Exception, "ingest_id"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_sent(
+    spark, orders_broker, change, error, match
+):
+    df = orders_frame(spark, 10, 2)
+    args = {"message_type": "Order", "body": "order", "key": "customer", "order": "ts"} | change
+
+    with pytest.raises(error, match=match):
+        ingest(df, orders_broker, **SEND, **args, progress=False)
+
+    assert orders_broker.queue("FulfilmentQueue") == [] and orders_broker.endpoints() == []
+
+
+def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark, orders_broker):
+    nulls = spark.createDataFrame(
+        [("a", '{"id": 1}'), (None, '{"id": 2}')], "customer string, order string"
+    )
+    empty = spark.createDataFrame([], "customer string, order string")
+
+    with pytest.raises(IngestError, match="1 rows have a null key in column 'customer'"):
+        ingest(
+            nulls,
+            orders_broker,
+            **SEND,
+            message_type="Order",
+            body="order",
+            key="customer",
+            progress=False,
+        )
+    with pytest.raises(IngestError, match="no rows"):
+        ingest(empty, orders_broker, **SEND, message_type="Order", body="order", progress=False)
+
+    assert orders_broker.queue("FulfilmentQueue") == [] and orders_broker.endpoints() == []
+
+
+def test_keys_spread_over_several_brokers_and_one_audit_covers_them(spark, make_broker):
+    brokers = [make_broker(), make_broker()]
+    for b in brokers:
+        define_orders(b)
+    df = orders_frame(spark, 2000, 30)
+
+    report = ingest(
+        df,
+        brokers,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        progress=False,
+    )
+
+    counts = [len(drain(b)) for b in brokers]
+    assert sum(counts) == 2000 and all(counts)  # both brokers carried some keys
+    audit = audit_frame(spark, brokers)
+    result = reconcile(audit, df, ingest_id=report.ingest_id, key="customer", order="ts")
+    assert result.ok and result.delivered == 2000
+
+
+def test_without_a_key_each_input_partition_is_one_ordered_dialog(spark, orders_broker):
+    df = spark.range(600).select(F.col("id").cast("string").alias("order")).repartition(3).cache()
+
+    report = ingest(df, orders_broker, **SEND, message_type="Order", body="order", progress=False)
+
+    assert (report.rows, report.dialogs) == (600, 3)
+    assert sorted(drain(orders_broker)) == list(range(600))
+    result = reconcile(audit_frame(spark, orders_broker), df, ingest_id=report.ingest_id)
+    assert result.ok and result.delivered == 600
+
+
+def test_a_group_column_puts_dialogs_of_one_value_in_one_conversation_group(spark, orders_broker):
+    rows = [("a", "g1", '{"id": 1}'), ("b", "g1", '{"id": 2}'), ("c", "g2", '{"id": 3}')]
+    df = spark.createDataFrame(rows, "customer string, region string, order string")
+
+    ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        group="region",
+        progress=False,
+    )
+
+    groups = [e["conversation_group_id"] for e in orders_broker.endpoints() if e["is_initiator"]]
+    assert len(groups) == 3 and len(set(groups)) == 2
+
+
+def test_the_audit_cursor_reads_incrementally_from_its_checkpoint(spark, orders_broker, tmp_path):
+    checkpoint = tmp_path / "audit.json"
+    df = orders_frame(spark, 500, 5)
+    ingest(
+        df,
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        progress=False,
+    )
+    drain(orders_broker)
+    first = AuditCursor(orders_broker, checkpoint).read(spark)
+
+    ingest(
+        orders_frame(spark, 300, 3),
+        orders_broker,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        progress=False,
+    )
+    drain(orders_broker)
+    second = AuditCursor(orders_broker, checkpoint).read(spark)  # a new process, say
+    third = AuditCursor(orders_broker, checkpoint).read(spark)
+
+    assert (first.records, second.records, third.records) == (500, 300, 0)
+    assert first.complete and second.complete
+
+
+def test_an_audit_that_rolled_over_is_reported_as_such_not_as_lost_rows(spark, make_broker):
+    b = make_broker(limits={"audit_rows": 1, "prune_every_s": 0.05})
+    define_orders(b)
+    df = orders_frame(spark, 400, 4)
+    report = ingest(
+        df,
+        b,
+        **SEND,
+        message_type="Order",
+        body="order",
+        key="customer",
+        order="ts",
+        progress=False,
+    )
+    for _ in range(4):  # one commit per customer
+        got = b.receive("FulfilmentQueue", top=100_000)
+        b.commit(got)
+
+    def rolled_over():
+        read = audit_frame(spark, b)
+        return None if read.complete else read
+
+    audit = wait_until(rolled_over, what="the audit to drop commits past its bound")
+
+    result = reconcile(audit, df, ingest_id=report.ingest_id, key="customer", order="ts")
+
+    assert not result.audit_complete and not result.ok
+    assert result.missing == 0 and result.unaccounted > 0
+    assert "rolled over" in result.summary()
