@@ -9,11 +9,20 @@ from typing import Any
 
 from .errors import BrokerError
 
+FULL_SIZE = {"ingest": 1_000_000}  # messages per scenario when neither --messages nor --quick
+
 
 def _bench_scenarios() -> dict[str, Callable[..., Any]]:
     from .bench import activation, ddr, local, remote
 
-    return {"local": local.run, "activation": activation.run, "remote": remote.run, "ddr": ddr.run}
+    scenarios = {"local": local.run, "activation": activation.run, "remote": remote.run}
+    return scenarios | {"ddr": ddr.run, "ingest": _ingest_bench}
+
+
+def _ingest_bench(*args: Any, **kwargs: Any) -> Any:
+    from spark_bridge.bench import run  # Spark and RayDP load only for this scenario
+
+    return run(*args, **kwargs)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -29,7 +38,8 @@ def _bench(args: argparse.Namespace) -> int:
     from .errors import InvalidArgument
 
     try:
-        load = Load(messages=args.messages or (10_000 if args.quick else Load.messages))
+        full = FULL_SIZE.get(args.scenario, Load.messages)
+        load = Load(messages=args.messages or (10_000 if args.quick else full))
     except InvalidArgument as exc:
         print(f"raybroker bench: {exc}", file=sys.stderr)
         return 2
@@ -56,11 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--path", default=None, help="broker store file (default: a temp dir)")
     demo.set_defaults(fn=_demo)
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
-    bench.add_argument("scenario", help="local, remote, activation or ddr")
+    bench.add_argument("scenario", help="local, remote, activation, ddr or ingest")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
     bench.set_defaults(fn=_bench)
+    from spark_bridge.commands import add_parsers  # argparse only: Spark loads when used
+
+    add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

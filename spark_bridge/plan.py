@@ -83,6 +83,8 @@ def encode_bodies(column: pa.Array, body_format: str) -> list[bytes | None]:
         return [None if s is None else s.encode() for s in column.to_pylist()]
     if pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_map(t):
         values = column.to_pylist()
+        if pa.types.is_map(t):  # Arrow gives a map as (key, value) pairs; a body wants an object
+            values = [None if v is None else dict(v) for v in values]
         if body_format == "json":
             dump = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False).encode
             return [None if v is None else dump(v).encode() for v in values]
@@ -162,6 +164,7 @@ class PartitionPlanner:
     dialogs: int = 0
     rows: int = 0
     _dialog: _Dialog | None = None
+    _done: set[str] = field(default_factory=set)  # keys whose rows are all planned
     _validator: BodyValidator | None = None
 
     def __post_init__(self) -> None:
@@ -226,6 +229,13 @@ class PartitionPlanner:
 
     def _dialog_for(self, key: str) -> _Dialog:
         if self._dialog is None or self._dialog.key != key:
+            if key in self._done:  # its sequence numbers would restart: rows would be skipped
+                raise InvalidArgument(
+                    f"the rows of key {key!r} are not together in their partition; an ingest "
+                    "arranges them so (spark_bridge.ingest.arranged)"
+                )
+            if self._dialog is not None:
+                self._done.add(self._dialog.key)
             self._dialog = _Dialog(key, dialog_id(self.spec.ingest_id, key))
             self.dialogs += 1
         return self._dialog

@@ -19,6 +19,10 @@ class Row:
     p99_ms: float | None = None
     cpu_s_per_1k: float | None = None
     notes: str = ""
+    # whether every message arrived once and in order (None: not checked in this row)
+    lost: int | None = None
+    doubled: int | None = None
+    out_of_order: int | None = None
 
 
 Progress = Callable[[str], None]

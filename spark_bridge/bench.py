@@ -1,0 +1,244 @@
+"""`raybroker bench ingest`: N rows of a cached DataFrame into a durable queue, timed from the
+ingest call until every row is committed in the broker's store, beside, in the same run:
+
+- driver-loop: the best loop a user would write on the driver: the DataFrame to pandas through
+  Arrow, sorted by key and order, the same batched `apply` calls, several in flight;
+- broker send-only: the same calls, built beforehand in the driver, so only the broker works;
+- where an ingest's time goes: Spark arranging and streaming the rows to the executors' Python
+  workers with nothing sent, then also planning the calls.
+
+Every variant's messages are then received and checked: each row once, each key in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from actors import Contract, MessageType, Queue, Service, start_broker
+from actors.bench.report import Load, Progress, Report, Row
+from actors.remote.runtime import ensure_ray
+
+from .ingest import arranged, ingest
+from .plan import IngestSpec, PartitionPlanner
+from .session import spark_session
+
+KEYS = 1000
+BODY_BYTES = 100
+IN_FLIGHT = 4
+SEND = {"from_service": "Loader", "to_service": "Sink", "contract": "Load"}
+
+
+def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Report:
+    rows = load.messages
+    report = Report(
+        "ingest",
+        {
+            "rows": rows,
+            "keys": KEYS,
+            "body_bytes": BODY_BYTES,
+            "batch_rows": batch_rows,
+            "in_flight": IN_FLIGHT,
+            "brokers": 1,
+        },
+    )
+    ensure_ray()
+    with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp, spark_session() as spark:
+        broker = start_broker(f"bench-ingest-{uuid.uuid4().hex[:8]}", os.path.join(tmp, "b.db"))
+        try:
+            _define(broker)
+            df = _frame(spark, rows)
+            progress(f"caching {rows:,} rows in Spark")
+            df.count()
+            progress("warm-up: a small ingest starts the executors' Python workers")
+            ingest(df.limit(10_000), broker, **SEND, **_cols(), progress=False)
+            _drain(broker, None)
+
+            progress(f"raybroker: ingest of {rows:,} rows from Spark's executors")
+            t0 = time.perf_counter()
+            rep = ingest(df, broker, **SEND, **_cols(), batch_rows=batch_rows, progress=False)
+            rate = rows / (time.perf_counter() - t0)
+            report.rows.append(
+                _checked(
+                    broker,
+                    rows,
+                    Row(
+                        "raybroker",
+                        "ingest (executors)",
+                        rate,
+                        notes=f"{rep.calls} calls, {rep.dialogs} dialogs",
+                    ),
+                )
+            )
+
+            progress("driver-loop: toPandas (Arrow), then batched apply calls from the driver")
+            t0 = time.perf_counter()
+            table = pa.Table.from_pandas(
+                df.toPandas().sort_values(["key", "ts"]), preserve_index=False
+            )
+            calls = list(_calls(table, batch_rows))
+            asyncio.run(_send(broker, calls))
+            rate = rows / (time.perf_counter() - t0)
+            report.rows.append(
+                _checked(
+                    broker,
+                    rows,
+                    Row(
+                        "driver-loop",
+                        "toPandas + apply",
+                        rate,
+                        notes=f"{len(calls)} calls, {IN_FLIGHT} in flight",
+                    ),
+                )
+            )
+
+            progress("broker: send-only, the same calls built beforehand")
+            calls = list(_calls(table, batch_rows))
+            t0 = time.perf_counter()
+            asyncio.run(_send(broker, calls))
+            rate = rows / (time.perf_counter() - t0)
+            report.rows.append(
+                _checked(
+                    broker,
+                    rows,
+                    Row(
+                        "raybroker",
+                        "broker send-only",
+                        rate,
+                        notes="calls built before the clock starts",
+                    ),
+                )
+            )
+
+            progress("where the time goes: Spark arranging and streaming, no sends")
+            for variant, plan in (
+                ("spark: arrange + stream", False),
+                ("spark: arrange + stream + plan calls", True),
+            ):
+                t0 = time.perf_counter()
+                seen = _dry(df, batch_rows, plan)
+                report.rows.append(
+                    Row(
+                        "spark",
+                        variant,
+                        rows / (time.perf_counter() - t0),
+                        notes=f"{seen:,} rows streamed, nothing sent",
+                    )
+                )
+        finally:
+            broker.stop()
+    best = {r.variant: r.messages_per_s for r in report.rows}
+    ingest_rate = best["ingest (executors)"]
+    report.rows[0].notes += (
+        f"; {ingest_rate / best['toPandas + apply']:.2f}x driver-loop, "
+        f"{ingest_rate / best['broker send-only']:.2f}x broker send-only"
+    )
+    return report
+
+
+def _define(broker: Any) -> None:
+    broker.create(MessageType("Row"))
+    broker.create(Contract("Load", {"Row": "initiator"}))
+    broker.create(Queue("LoaderQ"))
+    broker.create(Queue("SinkQ"))
+    broker.create(Service("Loader", "LoaderQ"))
+    broker.create(Service("Sink", "SinkQ", ["Load"]))
+
+
+def _cols() -> dict[str, str]:
+    return {"message_type": "Row", "body": "body", "key": "key", "order": "ts"}
+
+
+def _frame(spark: Any, rows: int) -> Any:
+    """Rows `id` over KEYS keys, ordered by id within a key; the body starts with the id."""
+    from pyspark.sql import functions as F
+
+    pad = "x" * (BODY_BYTES - 12)
+    return (
+        spark.range(rows)
+        .select(
+            (F.col("id") % KEYS).alias("key"),
+            F.col("id").alias("ts"),
+            F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit(pad)).alias("body"),
+        )
+        .cache()
+    )
+
+
+def _spec(batch_rows: int) -> IngestSpec:
+    return IngestSpec(
+        ingest_id=uuid.uuid4().hex,
+        run=uuid.uuid4().hex[:16],
+        **SEND,
+        message_type=MessageType("Row"),
+        body="body",
+        key="key",
+        batch_rows=batch_rows,
+    )
+
+
+def _calls(table: pa.Table, batch_rows: int) -> Iterator[Any]:
+    planner = PartitionPlanner(_spec(batch_rows))
+    for batch in table.to_batches(max_chunksize=batch_rows):
+        yield from planner.calls(batch)
+
+
+async def _send(broker: Any, calls: list[Any]) -> None:
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(call: Any) -> None:
+        async with gate:
+            await broker.aio.apply(call.ops, request_id=call.request_id)
+
+    await asyncio.gather(*(one(c) for c in calls))  # tasks start, so issue, in list order
+
+
+def _dry(df: Any, batch_rows: int, plan: bool) -> int:
+    """Rows Spark streams to the Python workers for an ingest, optionally planned into calls."""
+    spec = _spec(batch_rows)
+
+    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        planner = PartitionPlanner(spec)
+        n = 0
+        for batch in batches:
+            if plan:
+                for _ in planner.calls(batch):
+                    pass
+            n += batch.num_rows
+        yield pa.RecordBatch.from_pylist([{"n": n}])
+
+    return sum(r.n for r in arranged(df, "key", "ts", None).mapInArrow(count, "n long").collect())
+
+
+def _drain(broker: Any, rows: int | None) -> tuple[int, int, int]:
+    """Receive and commit everything on the sink queue; (lost, doubled, out of order) against
+    `rows` rows numbered 0..rows-1 (a key's ids must arrive increasing)."""
+    seen: dict[int, int] = {}
+    last: dict[str, int] = {}
+    out_of_order = 0
+    while got := broker.receive("SinkQ", max_groups=256, top=200_000):
+        for g in got:
+            for m in g.messages:
+                i = int(m.body[:12])
+                seen[i] = seen.get(i, 0) + 1
+                if last.get(m.conversation_handle, -1) > i:
+                    out_of_order += 1
+                last[m.conversation_handle] = i
+        broker.commit(got)
+    if rows is None:
+        return 0, 0, 0
+    lost = sum(1 for i in range(rows) if i not in seen)
+    doubled = sum(c - 1 for c in seen.values() if c > 1)
+    return lost, doubled, out_of_order
+
+
+def _checked(broker: Any, rows: int, row: Row) -> Row:
+    row.lost, row.doubled, row.out_of_order = _drain(broker, rows)
+    return row
