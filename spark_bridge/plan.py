@@ -29,7 +29,7 @@ from actors.errors import InvalidArgument
 
 BODY_FORMATS = ("json", "msgpack")  # how a struct (or list, or map) body column is encoded
 MAX_INGEST_ID = 100
-_KEY_DIGEST = 32  # hex characters of sha256 in a dialog id
+KEY_DIGEST = 32  # hex characters of sha256 in a dialog id
 
 
 def check_ingest_id(ingest_id: object) -> str:
@@ -52,7 +52,7 @@ def key_text(value: object) -> str:
 
 
 def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:_KEY_DIGEST]
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_DIGEST]
 
 
 def dialog_id(ingest_id: str, key: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ingest import KEY_COLUMN, ORDER_COLUMN
-from .plan import _KEY_DIGEST, check_ingest_id
+from .plan import KEY_DIGEST, check_ingest_id
 
 MAX_KEYS_SHOWN = 100
 
@@ -100,7 +100,7 @@ def expected_rows(
     return rows.select(
         "key",
         F.concat(
-            F.lit(f"{ingest_id}/"), F.substring(F.sha2(F.col("key"), 256), 1, _KEY_DIGEST)
+            F.lit(f"{ingest_id}/"), F.substring(F.sha2(F.col("key"), 256), 1, KEY_DIGEST)
         ).alias("conversation_id"),
         (F.row_number().over(Window.partitionBy("key").orderBy("position")) - 1).alias(
             "sequence_number"

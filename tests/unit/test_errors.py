@@ -52,6 +52,8 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.BrokerUnavailable: errors.BrokerUnavailable("unreachable"),
     errors.StoreError: errors.StoreError("/data/b.sqlite", "commit", "disk I/O error"),
     errors.StoreInUse: errors.StoreInUse("/data/b.sqlite", "orders", 4242),
+    errors.IngestError: errors.IngestError("the body column 'x' is not in the DataFrame"),
+    errors.SparkUnavailable: errors.SparkUnavailable("Spark on Ray did not start (no java)"),
     errors.PeerUnreachable: errors.PeerUnreachable("B", "not running"),
     errors.ReaderLost: errors.ReaderLost("Q/pool-1", None, "actor died"),
 }
