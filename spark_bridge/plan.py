@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from actors.bodies import BodyValidator
 from actors.catalog import MessageType
@@ -51,6 +53,26 @@ def key_text(value: object) -> str:
     raise InvalidArgument(f"a conversation key must be a string or a whole number, not {value!r}")
 
 
+def key_texts(column: pa.Array) -> list[str]:
+    """A key column as text, as `key_text` gives it (in bulk for strings and whole numbers)."""
+    t = column.type
+    if column.null_count == 0:
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return column.to_pylist()
+        if pa.types.is_integer(t):
+            return column.cast(pa.string()).to_pylist()
+    return [key_text(k) for k in column.to_pylist()]
+
+
+def run_starts(column: pa.Array) -> list[int]:
+    """Where each run of equal keys begins, after the first (rows sorted by key)."""
+    n = len(column)
+    if n < 2:
+        return []
+    differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
+    return (np.flatnonzero(differs.to_numpy(zero_copy_only=False)) + 1).tolist()
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_DIGEST]
 
@@ -77,10 +99,10 @@ def encode_bodies(column: pa.Array, body_format: str) -> list[bytes | None]:
     """A body column as bytes: binary as it is, strings as UTF-8, structs, lists and maps as
     JSON or msgpack. Nulls stay None (those rows are rejected)."""
     t = column.type
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return column.to_pylist()
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return [None if s is None else s.encode() for s in column.to_pylist()]
+    if pa.types.is_binary(t) or pa.types.is_string(t):  # strings are UTF-8: the same bytes
+        return _bytes_of(column)
+    if pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        return column.cast(pa.large_binary()).to_pylist()
     if pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_map(t):
         values = column.to_pylist()
         if pa.types.is_map(t):  # Arrow gives a map as (key, value) pairs; a body wants an object
@@ -91,6 +113,20 @@ def encode_bodies(column: pa.Array, body_format: str) -> list[bytes | None]:
         pack = msgpack.Packer(default=str, use_bin_type=True).pack
         return [None if v is None else pack(v) for v in values]
     raise InvalidArgument(f"a body column must be binary, string, struct, list or map, not {t}")
+
+
+def _bytes_of(column: pa.Array) -> list[bytes | None]:
+    """A binary or string column's values as bytes: sliced from its data buffer when it has no
+    nulls (twice as fast as `to_pylist`, which matters at a million rows)."""
+    if column.null_count:
+        return column.cast(pa.binary()).to_pylist()
+    n = len(column)
+    ends = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset : column.offset + n + 1]
+    data = column.buffers()[2]
+    first = int(ends[0])
+    blob = b"" if data is None else data.slice(first, int(ends[-1]) - first).to_pybytes()
+    ends = (ends - first).tolist()
+    return [blob[a:b] for a, b in zip(ends, ends[1:], strict=False)]
 
 
 @dataclass(frozen=True)
@@ -174,37 +210,56 @@ class PartitionPlanner:
         """The apply calls that send `batch`'s rows, at most `batch_rows` rows each."""
         spec = self.spec
         n = batch.num_rows
+        if n == 0:
+            return
         bodies = encode_bodies(batch.column(spec.body), spec.body_format)
-        keys = [key_text(k) for k in batch.column(spec.key).to_pylist()]
+        key_column = batch.column(spec.key)
+        starts = run_starts(key_column)
+        # the key of each run (rows are sorted by key): one text per run, not per row
+        keys = dict(zip([0, *starts], key_texts(key_column.take([0, *starts])), strict=True))
         groups = batch.column(spec.group).to_pylist() if spec.group else None
-        for start, stop in slices(bodies, spec.batch_rows, spec.call_bytes):
-            yield from self._calls(
-                keys[start:stop], bodies[start:stop], None if groups is None else groups[start:stop]
+        # the common case, checked once per batch rather than per row: every body can go
+        biggest = max(map(len, bodies)) if None not in bodies else None
+        clean = (
+            biggest is not None
+            and biggest <= spec.max_body_bytes
+            and self._validator is not None
+            and self._validator.kind == "none"
+        )
+        if clean and biggest * spec.batch_rows <= spec.call_bytes:
+            cuts: Iterator[tuple[int, int]] = (
+                (i, min(n, i + spec.batch_rows)) for i in range(0, n, spec.batch_rows)
             )
+        else:
+            cuts = slices(bodies, spec.batch_rows, spec.call_bytes)
+        for start, stop in cuts:
+            runs = [start] + [i for i in starts if start < i < stop] + [stop]
+            yield from self._calls(keys, bodies, groups, runs, clean)
         self.rows += n
 
     def _calls(
-        self, keys: Sequence[str], bodies: Sequence[bytes | None], groups: Sequence[Any] | None
+        self,
+        keys: dict[int, str],
+        bodies: Sequence[bytes | None],
+        groups: Sequence[Any] | None,
+        runs: Sequence[int],
+        clean: bool,
     ) -> Iterator[Call]:
+        """The calls for rows runs[0]..runs[-1]; each run between two boundaries is one key's."""
         spec = self.spec
         per_sender: dict[int, tuple[list[Op], list[tuple[str, int, int]], list[int]]] = {}
-        i, n = 0, len(keys)
-        while i < n:
-            key = keys[i]
-            j = i
-            while j < n and keys[j] == key:
-                j += 1
+        for i, j in zip(runs, runs[1:], strict=False):
+            key = keys.get(i)
+            if key is None:  # a call cut inside a run: the run's key
+                key = keys[max(k for k in keys if k <= i)]
             dialog = self._dialog_for(key)
             first_seq = dialog.sent
-            run: list[bytes] = []
-            for body in bodies[i:j]:
-                why = self._refused(body)
-                if why is None:
-                    run.append(body)
-                    dialog.sent += 1
-                else:
-                    self.rejected.append(Rejected(key, dialog.position, why))
-                dialog.position += 1
+            if clean:
+                run = list(bodies[i:j])
+                dialog.sent += j - i
+                dialog.position += j - i
+            else:
+                run = self._accepted(dialog, bodies[i:j])
             if run:
                 sender = broker_of(key, spec.senders)
                 ops, sends, count = per_sender.setdefault(sender, ([], [], [0]))
@@ -223,9 +278,22 @@ class PartitionPlanner:
                 ops.append(Send(dialog.handle, spec.message_type.name, run, at=first_seq))
                 sends.append((dialog.handle, first_seq, len(run)))
                 count[0] += len(run)
-            i = j
         for sender, (ops, sends, count) in sorted(per_sender.items()):
             yield Call(sender, ops, request_id(spec, sends), count[0])
+
+    def _accepted(self, dialog: _Dialog, bodies: Sequence[bytes | None]) -> list[bytes]:
+        """The bodies of one key's run that can be sent; the others go to `rejected`."""
+        run: list[bytes] = []
+        for body in bodies:
+            why = self._refused(body)
+            if why is None:
+                assert body is not None
+                run.append(body)
+                dialog.sent += 1
+            else:
+                self.rejected.append(Rejected(dialog.key, dialog.position, why))
+            dialog.position += 1
+        return run
 
     def _dialog_for(self, key: str) -> _Dialog:
         if self._dialog is None or self._dialog.key != key:

@@ -490,3 +490,12 @@ def test_a_key_whose_rows_come_back_later_in_a_partition_is_refused():
 
     with pytest.raises(InvalidArgument, match="not together"):
         list(planner.calls(make_batch([("a", b"3")])))
+
+
+@pytest.mark.parametrize("body_type", [pa.binary(), pa.string()])
+def test_bodies_of_a_slice_of_a_column_are_the_slices_own(body_type):
+    values = [b"zero", b"", b"two", b"three!"]
+    column = pa.array([v.decode() if body_type == pa.string() else v for v in values], body_type)
+
+    assert encode_bodies(column.slice(1, 3), "json") == values[1:]
+    assert encode_bodies(column.slice(4, 0), "json") == []
