@@ -29,7 +29,7 @@ from actors.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
 from .plan import BODY_FORMATS, IngestSpec, PartitionPlanner, check_ingest_id
-from .progress import Progress, Watcher, print_progress
+from .progress import BOARD, Watcher, board, print_progress
 
 KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
 ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest names no order
@@ -133,26 +133,24 @@ def ingest(
     frame = arranged(df, key, order, partitions)
     import ray
 
-    meter_name = f"raybroker-ingest-{uuid.uuid4().hex}"  # found by name: handles are not
-    meter = ray.remote(num_cpus=0)(Progress).options(name=meter_name, namespace=NAMESPACE)
-    meter = meter.remote(total)  # picklable before a Python worker has joined Ray
+    meter = board(NAMESPACE)
+    meter.start.remote(spec.run, total)
     send = _partition_sender(
         spec,
         [(b.name, b.namespace) for b in senders],
         ray.get_runtime_context().gcs_address,
-        meter_name,
         in_flight,
     )
     show = print_progress if progress is True else progress or None
     try:
         if show:
-            with Watcher(meter, show, every_s=1.0):
+            with Watcher(meter, spec.run, show, every_s=1.0):
                 out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
-            show(ray.get(meter.view.remote()))
+            show(ray.get(meter.view.remote(spec.run)))
         else:
             out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
     finally:
-        ray.kill(meter)
+        meter.end.remote(spec.run)
     return IngestReport(
         ingest_id=ingest_id,
         rows=sum(r.rows for r in out),
@@ -189,7 +187,6 @@ def _partition_sender(
     spec: IngestSpec,
     brokers: Sequence[tuple[str, str]],
     address: str,
-    meter_name: str,
     in_flight: int,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function Spark runs on each partition, in a Python worker on an executor."""
@@ -202,7 +199,7 @@ def _partition_sender(
         if not ray.is_initialized():  # a Python worker joins the cluster once, then is reused
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         handles = [connect(name, namespace) for name, namespace in brokers]
-        meter = ray.get_actor(meter_name, namespace=NAMESPACE)
+        meter = ray.get_actor(BOARD, namespace=NAMESPACE)
         planner = PartitionPlanner(spec)
         sent, calls = asyncio.run(_send(planner, batches, handles, meter, in_flight))
         yield pa.RecordBatch.from_pylist(
@@ -242,7 +239,7 @@ async def _send(
         nonlocal sent
         result, rows = await task
         sent += result["sent"]
-        meter.add.remote(pid, rows, result["sent"])
+        meter.add.remote(planner.spec.run, pid, rows, result["sent"])
 
     async def one(handle: Any, ops: list[Any], request_id: str, rows: int) -> tuple[Any, int]:
         return await handle.aio.apply(ops, request_id=request_id), rows

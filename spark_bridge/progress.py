@@ -36,16 +36,52 @@ class Progress:
         }
 
 
+class Board:
+    """Every running ingest's `Progress`, by run id: one small actor per cluster serves them all
+    (starting an actor per ingest costs a process start, most of a second here)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Progress] = {}
+
+    def start(self, run: str, total: int) -> None:
+        self.runs[run] = Progress(total)
+
+    def add(self, run: str, pid: int, rows: int, sent: int) -> None:
+        if run in self.runs:  # a late report from a retried task of an ended run is dropped
+            self.runs[run].add(pid, rows, sent)
+
+    def view(self, run: str) -> dict[str, Any]:
+        return self.runs[run].view()
+
+    def end(self, run: str) -> None:
+        self.runs.pop(run, None)
+
+
+BOARD = "raybroker-ingest-progress"  # the board's actor name, in the brokers' namespace
+
+
+def board(namespace: str) -> Any:
+    """The cluster's progress board (started on first use, kept for the next ingests)."""
+    import ray
+
+    actor = ray.remote(num_cpus=0)(Board).options(
+        name=BOARD, namespace=namespace, get_if_exists=True, lifetime="detached"
+    )
+    return actor.remote()
+
+
 def line(view: dict[str, Any]) -> str:
     share = f" ({100 * view['rows'] / view['total']:.0f}%)" if view["total"] else ""
     return f"{view['rows']:,}/{view['total']:,} rows{share}, {view['rows_per_s']:,.0f} rows/s"
 
 
 class Watcher:
-    """Polls the progress actor from a driver thread and hands each view to `show`."""
+    """Polls a run's progress from a driver thread and hands each view to `show`."""
 
-    def __init__(self, actor: Any, show: Callable[[dict[str, Any]], None], every_s: float) -> None:
-        self.actor, self.show, self.every_s = actor, show, every_s
+    def __init__(
+        self, actor: Any, run: str, show: Callable[[dict[str, Any]], None], every_s: float
+    ) -> None:
+        self.actor, self.run, self.show, self.every_s = actor, run, show, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="ingest-progress")
 
@@ -62,7 +98,7 @@ class Watcher:
 
         while not self._stop.wait(self.every_s):
             try:
-                self.show(ray.get(self.actor.view.remote(), timeout=self.every_s))
+                self.show(ray.get(self.actor.view.remote(self.run), timeout=self.every_s))
             except Exception:  # progress is best effort: never fail the ingest over it
                 continue
 
