@@ -77,8 +77,8 @@ def ingest(
     df: Any,
     brokers: Any,
     *,
-    to_service: str,
     from_service: str,
+    to_service: str | None = None,
     message_type: str,
     body: str,
     contract: str = "DEFAULT",
@@ -95,16 +95,19 @@ def ingest(
     """Send every row of `df` as one message from `from_service` to `to_service`.
 
     `brokers`: a broker handle or a list of them (each key's dialog goes through one, chosen by
-    the key). `body`: the column holding each body (binary, string, or a struct/list/map encoded
-    as `body_format` "json" or "msgpack"). `key`: one dialog per distinct value (default: one per
-    input partition); `order`: the column that orders a key's rows (default: the input's order);
-    `group`: dialogs with the same value share a conversation group. `ingest_id` names the ingest
-    (a fresh one by default): run again with the same id, it sends nothing twice. `progress`:
+    the key), or a `RouterSet`: its initiators send, to its routing service unless
+    `to_service` names another. `body`: the column holding each body (binary, string, or a
+    struct/list/map encoded as `body_format` "json" or "msgpack"). `key`: one dialog per
+    distinct value (default: one per input partition); `order`: the column that orders a key's
+    rows (default: the input's order); `group`: dialogs with the same value share a
+    conversation group. `ingest_id` names the ingest (a fresh one by default): run again with
+    the same id, it sends nothing twice. `progress`:
     True prints rows and rows/s to stderr, a callable receives each view, False shows nothing.
     """
     started = time.monotonic()
     ingest_id = check_ingest_id(uuid.uuid4().hex if ingest_id is None else ingest_id)
     senders = _senders(brokers)
+    to_service = _target(brokers, to_service)
     _whole("batch_rows", batch_rows)
     _whole("in_flight", in_flight)
     if partitions is not None:
@@ -283,13 +286,27 @@ def _whole(what: str, value: object) -> None:
 
 def _senders(brokers: Any) -> list[Any]:
     from actors.remote.client import Broker
+    from actors.remote.routers import RouterSet
 
+    if isinstance(brokers, RouterSet):
+        return list(brokers.initiators)
     out = [brokers] if isinstance(brokers, Broker) else list(brokers or [])
     if not out or not all(isinstance(b, Broker) for b in out):
         raise IngestError(
-            "brokers must be a broker handle (start_broker / connect) or a non-empty list of them"
+            "brokers must be a broker handle (start_broker / connect), a non-empty list of them, "
+            "or a RouterSet"
         )
     return out
+
+
+def _target(brokers: Any, to_service: str | None) -> str:
+    from actors.remote.routers import RouterSet
+
+    if to_service is not None:
+        return to_service
+    if isinstance(brokers, RouterSet):
+        return brokers.config.service
+    raise IngestError("to_service is required (the service the rows are sent to)")
 
 
 def _check_catalog(

@@ -279,3 +279,52 @@ def test_a_router_set_that_cannot_serve_its_targets_is_refused(
             contracts=contracts,
         )
     assert all(not any("bad" in r["name"] for r in b.routes()) for b in initiators)
+
+
+@pytest.mark.slow
+def test_a_spark_ingest_through_a_router_set_reaches_every_region_in_order_once(spark, sales):
+    from pyspark.sql import functions as F
+
+    from spark_bridge import ingest
+    from spark_bridge.plan import dialog_id
+
+    initiators, _, router_set = sales
+    rs = router_set("forward", replicas=2)
+    orders, lines = 120, 3
+    df = spark.range(orders * lines).select(
+        (F.col("id") / lines).cast("long").alias("order"),
+        (F.col("id") % lines).alias("line"),
+        F.struct(
+            F.element_at(
+                F.array(*map(F.lit, REGIONS)), ((F.col("id") / lines) % 4 + 1).cast("int")
+            ).alias("region"),
+            (F.col("id") / lines).cast("long").alias("order"),
+            (F.col("id") % lines).alias("line"),
+        ).alias("body"),
+    )
+
+    report = ingest(
+        df,
+        rs,
+        from_service="Store",
+        contract="Sales",
+        message_type="Order",
+        body="body",
+        key="order",
+        order="line",
+        progress=False,
+    )
+
+    assert (report.rows, report.dialogs, report.rejected) == (orders * lines, orders, [])
+    got: dict[str, list] = {}
+    for shop in initiators:
+        collect(shop, 0, got)  # drain what has come back so far
+    wait_until(
+        lambda: (
+            [collect(s, 0, got) for s in initiators]
+            and sum(map(len, got.values())) >= orders * lines
+        ),
+        what="every reply",
+    )
+    regions = {dialog_id(report.ingest_id, str(i)): REGIONS[i % 4] for i in range(orders)}
+    check_replies(regions, got, lines)

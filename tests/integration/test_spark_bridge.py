@@ -405,3 +405,84 @@ def test_an_audit_that_rolled_over_is_reported_as_such_not_as_lost_rows(spark, m
     assert not result.audit_complete and not result.ok
     assert result.missing == 0 and result.unaccounted > 0
     assert "rolled over" in result.summary()
+
+
+def test_the_command_line_ingests_a_parquet_file_and_reconciles_its_audit(
+    spark, orders_broker, tmp_path, capsys
+):
+    from actors.cli import main
+
+    source, report = str(tmp_path / "orders.parquet"), str(tmp_path / "report.json")
+    out, per_key = str(tmp_path / "audit.parquet"), str(tmp_path / "per_key.parquet")
+    orders_frame(spark, 1500, 12).write.parquet(source)
+    broker = ["--broker", orders_broker.name]
+    sends = ["--from-service", "Orders", "--to-service", "Fulfilment"]
+    sends += ["--contract", "OrderContract", "--message-type", "Order"]
+
+    assert (
+        main(
+            [
+                "ingest",
+                source,
+                *broker,
+                *sends,
+                "--body",
+                "order",
+                "--key",
+                "customer",
+                "--order",
+                "ts",
+                "--ingest-id",
+                "cli-1",
+                "--report",
+                report,
+            ]
+        )
+        == 0
+    )
+    assert len(drain(orders_broker)) == 1500
+    assert (
+        main(
+            [
+                "audit",
+                *broker,
+                "--out",
+                out,
+                "--reconcile",
+                source,
+                "--ingest-report",
+                report,
+                "--per-key",
+                per_key,
+            ]
+        )
+        == 0
+    )
+
+    printed = capsys.readouterr().out
+    assert "ingest cli-1: 1,500 rows, 1,500 sent, 12 dialogs, 0 rejected" in printed
+    assert "1,500 delivered once, 0 missing, 0 doubled, 0 out of order" in printed
+    assert spark.read.parquet(out).count() == 1500
+    assert {r["key"]: r["delivered"] for r in spark.read.parquet(per_key).collect()} == {
+        str(k): 125 for k in range(12)
+    }
+    with open(report) as f:
+        assert json.load(f)["ingest_id"] == "cli-1"
+
+
+def test_the_audit_command_needs_the_ingest_report_to_reconcile(orders_broker, tmp_path, capsys):
+    from actors.cli import main
+
+    code = main(
+        [
+            "audit",
+            "--broker",
+            orders_broker.name,
+            "--out",
+            str(tmp_path / "a"),
+            "--reconcile",
+            str(tmp_path / "in.parquet"),
+        ]
+    )
+
+    assert code == 2 and "--reconcile needs --ingest-report" in capsys.readouterr().err
