@@ -6,6 +6,7 @@ the last read stopped (in a checkpoint file if given), so each read returns only
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -118,7 +119,13 @@ class AuditCursor:
         tables = [p[0] for p in parts]
         nexts = ray.get([p[1] for p in parts])
         missed = ray.get([p[2] for p in parts])
-        df = ray.data.from_arrow_refs(tables).to_spark(spark).cache()
+        quiet = logging.getLogger("ray.data")  # its per-dataset banners are not for users
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
+        try:
+            df = ray.data.from_arrow_refs(tables).to_spark(spark).cache()
+        finally:
+            quiet.setLevel(level)
         records = df.count()
         self._staged = {b.name: n for b, n in zip(self.brokers, nexts, strict=True)}
         if commit:
