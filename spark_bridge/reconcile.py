@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.catalog import SYSTEM_TYPES
+
 from .ingest import KEY_COLUMN, ORDER_COLUMN
 from .plan import KEY_DIGEST, check_ingest_id
 
@@ -117,10 +119,13 @@ def reconcile(
     order: str | None = None,
     rejected: Iterable[Mapping[str, Any]] = (),
     audit_complete: bool = True,
+    replies: bool = False,
 ) -> Reconciliation:
     """Join the audit (a DataFrame of delivery records, or an `AuditRead`) to the ingested
     DataFrame `df`. `ingest_id`, `key` and `order` are the ingest's (its report has them);
-    `rejected`: the report's rejected rows, which were never sent."""
+    `rejected`: the report's rejected rows, which were never sent. `replies=True` checks the
+    other direction: one reply per row, back on the row's dialog, in the rows' order (the
+    initiators' audits hold those)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -129,8 +134,11 @@ def reconcile(
         audit_complete = audit_complete and audit.complete
         audit = audit.df
     expected = expected_rows(df, ingest_id, key, order, rejected).cache()
+    side = ~F.col("from_initiator") if replies else F.col("from_initiator")
     ours = audit.filter(
-        F.col("from_initiator") & F.col("conversation_id").startswith(f"{ingest_id}/")
+        side
+        & F.col("conversation_id").startswith(f"{ingest_id}/")
+        & ~F.col("message_type").isin(*SYSTEM_TYPES)  # an EndDialog after the rows is no row
     ).select("conversation_id", "sequence_number", "audit_id", "to_broker")
     copies = ours.groupBy("conversation_id", "sequence_number").agg(F.count("*").alias("copies"))
     joined = expected.join(copies, ["conversation_id", "sequence_number"], "left").fillna(

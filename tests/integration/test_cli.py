@@ -35,6 +35,9 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
             "p99_ms",
             "cpu_s_per_1k",
             "notes",
+            "lost",
+            "doubled",
+            "out_of_order",
         }
         assert row["messages_per_s"] > 0
     assert "raw-sqlite end-to-end" in report["rows"][0]["notes"]

@@ -486,3 +486,25 @@ def test_the_audit_command_needs_the_ingest_report_to_reconcile(orders_broker, t
     )
 
     assert code == 2 and "--reconcile needs --ingest-report" in capsys.readouterr().err
+
+
+def test_bench_ingest_measures_the_ingest_beside_the_driver_loop_and_checks_delivery(
+    spark, tmp_path
+):
+    from actors.cli import main
+
+    path = tmp_path / "ingest.json"
+
+    assert main(["bench", "ingest", "--quick", "--json", str(path)]) == 0
+
+    report = json.loads(path.read_text())
+    rows = {(r["system"], r["variant"]): r for r in report["rows"]}
+    assert report["scenario"] == "ingest" and report["params"]["rows"] == 10_000
+    for key in [
+        ("raybroker", "ingest (executors)"),
+        ("driver-loop", "toPandas + apply"),
+        ("raybroker", "broker send-only"),
+    ]:
+        assert rows[key]["messages_per_s"] > 0
+        assert (rows[key]["lost"], rows[key]["doubled"], rows[key]["out_of_order"]) == (0, 0, 0)
+    assert "x driver-loop" in rows[("raybroker", "ingest (executors)")]["notes"]
