@@ -37,3 +37,11 @@ def stamp_first_call(group: ReceivedGroup, ctx: HandlerContext) -> None:
 
 def discard(group: ReceivedGroup, ctx: HandlerContext) -> None:
     """Do nothing: commit removes the messages (the throughput benchmark's handler)."""
+
+
+def reply_in_kind(group: ReceivedGroup, ctx: HandlerContext) -> None:
+    """Answer each "Order" with a "Reply" carrying the same body, on the same conversation (the
+    regional sales services of topologies/sales_by_region.yaml)."""
+    for m in group.messages:
+        if m.message_type == "Order":
+            ctx.send(m.conversation_handle, "Reply", m.body)
