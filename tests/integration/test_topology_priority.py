@@ -17,7 +17,7 @@ def processed(broker, queue: str) -> int:
 
 
 def test_high_priority_jobs_finish_while_low_priority_ones_wait(ray_session, tmp_path):
-    brokers = deploy(load("topologies/priority.yaml"), str(tmp_path))
+    brokers = deploy(load("topologies/priority.yaml"), str(tmp_path)).brokers
     b = brokers["priority"]
     try:
         wait_until(lambda: b.queues()["HighPriorityQueue"]["readers"] == 0, what="deployed")

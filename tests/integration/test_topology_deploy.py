@@ -1,0 +1,126 @@
+"""Deploying topology files: idempotent, differential (queues, routes, replicas), a dry-run plan
+first, teardown; and the sales-by-region topology of seed 000 carrying orders end to end."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import yaml
+
+from actors import Begin, Send
+from topologies.deploy import deploy, plan, teardown
+from topologies.loader import load
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def write(tmp_path, doc) -> str:
+    path = tmp_path / f"t-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def two_brokers(tag: str, queues=("Q1",), route=True) -> dict:
+    """a -> b: service S on b reached by a route on a."""
+    a, b = f"a-{tag}", f"b-{tag}"
+    doc = {
+        "brokers": [
+            {
+                "name": a,
+                "storage": f"{a}.sqlite",
+                "queues": [{"name": "AQ"}],
+                "services": [{"name": "A", "queue": "AQ"}],
+            },
+            {
+                "name": b,
+                "storage": f"{b}.sqlite",
+                "queues": [{"name": q} for q in queues],
+                "services": [{"name": "S", "queue": queues[0], "contracts": ["DEFAULT"]}],
+            },
+        ]
+    }
+    if route:
+        doc["brokers"][0]["routes"] = [
+            {"name": "to-s", "service_name": "S", "address": f"ray://{b}"}
+        ]
+    return doc
+
+
+def test_the_same_file_twice_changes_nothing_and_a_changed_file_applies_its_difference(
+    ray_session, tmp_path
+):
+    tag = uuid.uuid4().hex[:6]
+    first = load(write(tmp_path, two_brokers(tag)))
+    data = str(tmp_path / "data")
+    try:
+        done = deploy(first, data)
+        assert f"started broker a-{tag}" in done.changes
+        again = deploy(first, data)
+        assert again.changes == [] and plan(first, data) == []
+
+        changed = load(write(tmp_path, two_brokers(tag, queues=("Q1", "Q2"), route=False)))
+        planned = plan(changed, data)
+        assert planned == [f"b-{tag}: create queue Q2", f"a-{tag}: drop route to-s (routes)"]
+        assert [r["name"] for r in done.brokers[f"a-{tag}"].routes()] != ["AutoCreatedLocal"]
+
+        applied = deploy(changed, data)
+
+        assert applied.changes == planned
+        assert "Q2" in applied.brokers[f"b-{tag}"].queues()
+        assert [r["name"] for r in applied.brokers[f"a-{tag}"].routes()] == ["AutoCreatedLocal"]
+        assert plan(changed, data) == []
+    finally:
+        stopped = teardown(first, data, delete_stores=True)
+    assert sorted(stopped) == [f"a-{tag}", f"b-{tag}"]
+    assert plan(first, data)[0] == f"start broker a-{tag} ({data}/a-{tag}.sqlite)"
+
+
+def test_a_deployed_route_carries_a_dialog_to_the_other_broker(ray_session, tmp_path):
+    tag = uuid.uuid4().hex[:6]
+    topo = load(write(tmp_path, two_brokers(tag)))
+    d = deploy(topo, str(tmp_path / "data"))
+    try:
+        a, b = d.brokers[f"a-{tag}"], d.brokers[f"b-{tag}"]
+        op = Begin("A", "S")
+        a.apply([op, Send(op.handle, "DEFAULT", [b"x", b"y"])])
+
+        got = wait_until(lambda: b.receive("Q1", top=10, wait=0.5), what="the messages on b")
+        assert [m.body for g in got for m in g.messages] == [b"x", b"y"]
+    finally:
+        d.stop(delete_stores=True)
+
+
+def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, tmp_path):
+    topo = load("topologies/sales_by_region.yaml")
+    d = deploy(topo, str(tmp_path / "data"))
+    try:
+        shop = d.brokers["shop"]
+        ops, regions = [], {}
+        for i in range(30):
+            region = ("EU", "US", "APAC")[i % 3]
+            op = Begin("Store", "SalesRouter", "Sales")
+            ops += [op, Send(op.handle, "Order", json.dumps({"region": region, "n": i}).encode())]
+            regions[op.handle] = region
+        shop.apply(ops)
+        replies: dict[str, list] = {}
+
+        def all_back():
+            for g in shop.receive("StoreQ", max_groups=50, wait=0.2):
+                for m in g.messages:
+                    replies.setdefault(m.conversation_handle, []).append(json.loads(m.body))
+                shop.commit(g)
+            return sum(map(len, replies.values())) >= 30
+
+        wait_until(all_back, timeout=120, what="a reply to every order")
+        assert {h: [r["region"] for r in rs] for h, rs in replies.items()} == {
+            h: [region] for h, region in regions.items()
+        }
+        eu = d.brokers["sales-eu"].audit()["records"]
+        assert len(eu) == 10 and {r["to_service"] for r in eu} == {"SalesEU"}
+        assert len(d.router_sets["sales-routers"].replicas) == 2
+    finally:
+        d.stop(delete_stores=True)
