@@ -54,16 +54,17 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run
 
-    return run(orders=args.orders, readers=args.readers, path=args.path)
+    return run(orders=args.orders, path=args.path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raybroker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the order-entry pipeline on a local Ray")
-    demo.add_argument("--orders", type=int, default=2000, help="orders to process")
-    demo.add_argument("--readers", type=int, default=2, help="concurrent queue readers")
-    demo.add_argument("--path", default=None, help="broker store file (default: a temp dir)")
+    demo = sub.add_parser(
+        "demo", help="sales by region: Spark orders through replicated routers, reconciled"
+    )
+    demo.add_argument("--orders", type=int, default=2000, help="orders (3 lines each)")
+    demo.add_argument("--path", default=None, help="a directory for the stores (kept)")
     demo.set_defaults(fn=_demo)
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
     bench.add_argument("scenario", help="local, remote, activation, ddr or ingest")

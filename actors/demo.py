@@ -1,173 +1,160 @@
-"""`raybroker demo`: an order-entry pipeline on a local Ray, checked end to end.
+"""`raybroker demo`: the main job, on a local embedded Ray.
 
-Orders go out on dialogs (a header, lines, then Submit), in batches. Reader actors take whole
-conversation groups, keep each order's running total in the group's state, and on Submit reply
-with a Confirm and end the dialog, all committed with the receive. The driver collects the
-confirmations, ends its side, and checks against the broker's delivery audit that every message
-was committed exactly once.
+It deploys the sales-by-region topology (seed 000: a shop, two replicated routers, three regional
+brokers whose activated readers answer every order), builds a Spark DataFrame of orders, ingests
+it through the router set from Spark's executors (one dialog per order, its lines in order),
+waits for every reply at the shop, then reads every broker's delivery audit into Spark and
+reconciles it against the input both ways: each line reached a router once and in order, and
+each reply came back once and in order. It prints messages per region, throughput, latency and
+the lost / doubled / out-of-order counts, which must all be zero.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import tempfile
 import time
-import uuid
+from importlib import resources
+from typing import Any
 
-from . import (
-    Activation,
-    Begin,
-    Contract,
-    End,
-    MessageType,
-    Queue,
-    ReceivedGroup,
-    Send,
-    Service,
-    ensure_ray,
-    start_broker,
-)
-from . import audit as audit_format
-from .activation import HandlerContext
+from . import ensure_ray
 
-LINE_SCHEMA = {
-    "type": "object",
-    "required": ["sku", "qty", "price"],
-    "properties": {
-        "sku": {"type": "string"},
-        "qty": {"type": "integer", "minimum": 1},
-        "price": {"type": "number", "minimum": 0},
-    },
-}
+REGIONS = ("EU", "US", "APAC")
+LINES = 3  # Order messages per order (its lines), one dialog per order
 
 
-def define(broker) -> None:
-    broker.create(MessageType("Order", "json"))
-    broker.create(MessageType("Line", "json_schema", schema=LINE_SCHEMA))
-    broker.create(MessageType("Submit", "empty"))
-    broker.create(MessageType("Confirm", "json"))
-    broker.create(
-        Contract(
-            "OrderContract",
-            {"Order": "initiator", "Line": "initiator", "Submit": "initiator", "Confirm": "target"},
-        )
-    )
-    broker.create(Queue("OrdersQueue"))
-    broker.create(Queue("FulfilmentQueue"))
-    broker.create(Service("Orders", "OrdersQueue"))
-    broker.create(Service("Fulfilment", "FulfilmentQueue", ["OrderContract"]))
+def run(orders: int = 2000, path: str | None = None, progress: Any = print) -> int:
+    from spark_bridge import AuditCursor, ingest, reconcile, spark_session
+    from topologies.deploy import deploy
+    from topologies.loader import load
 
-
-def fulfil(group: ReceivedGroup, ctx: HandlerContext) -> None:
-    """The fulfilment queue's activated handler: keep each order's running total in the group's
-    state; on Submit reply with a Confirm and end the dialog, all committed with the receive."""
-    state = json.loads(ctx.state) if ctx.state else {"lines": 0, "total": 0.0}
-    for m in group.messages:
-        if m.message_type == "Order":
-            state["order"] = json.loads(m.body)["order"]
-        elif m.message_type == "Line":
-            line = json.loads(m.body)
-            state["lines"] += 1
-            state["total"] = round(state["total"] + line["qty"] * line["price"], 2)
-        elif m.message_type == "Submit":
-            ctx.send(m.conversation_handle, "Confirm", json.dumps(state).encode())
-            ctx.end(m.conversation_handle)
-        elif m.message_type in ("EndDialog", "Error"):
-            ctx.end(m.conversation_handle)
-    ctx.set_state(json.dumps(state).encode())
-
-
-def run(
-    orders: int = 2000, readers: int = 2, path: str | None = None, lines: int = 4, batch: int = 250
-) -> int:
-    t_start = time.perf_counter()
     ensure_ray()
-    tmp = None
-    if path is None:
-        tmp = tempfile.TemporaryDirectory(prefix="raybroker-demo-")
-        path = os.path.join(tmp.name, "demo.sqlite")
-    broker = start_broker(f"demo-{uuid.uuid4().hex[:8]}", path)
-    print(f"broker {broker.name} ({broker.info()['broker_id']}) on {path}")
-    try:
-        define(broker)
-        # the fulfilment queue starts its own readers (up to `readers`) as orders arrive
-        activation = Activation("actors.demo:fulfil", max_readers=readers, max_groups=16)
-        broker.alter(Queue, "FulfilmentQueue", activation=activation.__dict__)
-        expected: dict[str, float] = {}
-        t0 = time.perf_counter()
-        for first in range(0, orders, batch):
-            ops: list = []
-            for n in range(first, min(orders, first + batch)):
-                b = Begin("Orders", "Fulfilment", "OrderContract")
-                items = [{"sku": f"sku-{n}-{i}", "qty": i + 1, "price": 2.5} for i in range(lines)]
-                expected[b.handle] = round(sum(x["qty"] * x["price"] for x in items), 2)
-                ops += [
-                    b,
-                    Send(b.handle, "Order", json.dumps({"order": n}).encode()),
-                    Send(b.handle, "Line", [json.dumps(x).encode() for x in items]),
-                    Send(b.handle, "Submit", b""),
-                ]
-            broker.apply(ops)
-            print(f"  sent {min(orders, first + batch):>6,}/{orders:,} orders", flush=True)
-        confirmed: dict[str, float] = {}
-        doubled = 0
-        last_report = 0
-        while len(confirmed) < orders:
-            groups = broker.receive("OrdersQueue", max_groups=64, wait=5.0)
-            if not groups:
-                break
-            ends = []
-            for g in groups:
-                for m in g.messages:
-                    if m.message_type == "Confirm":
-                        doubled += m.conversation_handle in confirmed
-                        confirmed[m.conversation_handle] = json.loads(m.body)["total"]
-                    elif m.message_type == "EndDialog":
-                        ends.append(End(m.conversation_handle))
-            broker.commit(groups, ops=ends)
-            if len(confirmed) - last_report >= max(1, orders // 4) or len(confirmed) == orders:
-                last_report = len(confirmed)
-                print(f"  confirmed {len(confirmed):>6,}/{orders:,} orders", flush=True)
-        elapsed = time.perf_counter() - t0
-        return _summarise(
-            broker,
-            orders,
-            lines,
-            expected,
-            confirmed,
-            doubled,
-            elapsed,
-            time.perf_counter() - t_start,
-        )
-    finally:
-        broker.stop()
-        if tmp is not None:
-            tmp.cleanup()
-
-
-def _summarise(broker, orders, lines, expected, confirmed, doubled, elapsed, total) -> int:
-    wrong = sum(1 for h, t in confirmed.items() if expected.get(h) != t)
-    lost = orders - len(confirmed)
-    audit, _ = audit_format.read_all(broker.audit)
-    keys = [(r["conversation_id"], r["from_initiator"], r["sequence_number"]) for r in audit]
-    audit_doubled = len(keys) - len(set(keys))
-    messages = orders * (lines + 2)
-    rows = [
-        ("orders sent", f"{orders:,}"),
-        ("orders confirmed", f"{len(confirmed):,}"),
-        ("orders lost", f"{lost}"),
-        ("confirmations doubled", f"{doubled}"),
-        ("totals wrong", f"{wrong}"),
-        ("messages committed (audit)", f"{len(keys):,}"),
-        ("messages committed twice (audit)", f"{audit_doubled}"),
-        ("pipeline time", f"{elapsed:.2f}s ({messages / elapsed:,.0f} order messages/s)"),
-        ("whole demo", f"{total:.1f}s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
-    for name, q in broker.queues().items():
-        print(f"queue {name}: depth {q['depth']}, enabled {q['enabled']}")
-    ok = lost == 0 and doubled == 0 and wrong == 0 and audit_doubled == 0
-    print("OK: nothing lost, nothing doubled" if ok else "FAILED: see the table above")
+    topology = load(str(resources.files("topologies") / "sales_by_region.yaml"))
+    with tempfile.TemporaryDirectory(prefix="raybroker-demo-") as tmp:
+        data = path or tmp
+        progress(f"deploying {topology.source} into {data}")
+        d = deploy(topology, data, progress=lambda s: progress(f"  {s}"))
+        try:
+            progress("starting Spark on Ray (RayDP)")
+            with spark_session() as spark:
+                df = _orders(spark, orders)
+                rows = orders * LINES
+                progress(f"ingesting {orders:,} orders ({rows:,} lines) through the routers")
+                t0 = time.perf_counter()
+                report = ingest(
+                    df,
+                    d.router_sets["sales-routers"],
+                    from_service="Store",
+                    contract="Sales",
+                    message_type="Order",
+                    body="body",
+                    key="order",
+                    order="line",
+                )
+                _collect_replies(d.brokers["shop"], rows, progress)
+                elapsed = time.perf_counter() - t0
+                progress("reading every broker's delivery audit into Spark and reconciling")
+                brokers = [*d.brokers.values(), *d.router_sets["sales-routers"].replicas.values()]
+                audit = AuditCursor(brokers).read(spark)
+                args = {"ingest_id": report.ingest_id, "key": "order", "order": "line"}
+                there = reconcile(audit, df, **args)
+                back = reconcile(audit, df, **args, replies=True)
+                ok = _summary(audit, report, there, back, rows, elapsed, progress)
+        finally:
+            d.stop(delete_stores=path is None)
     return 0 if ok else 1
+
+
+def _orders(spark: Any, orders: int) -> Any:
+    """`orders` orders of LINES lines: the order id (the dialog's key), the line (its order),
+    and the body, a struct sent as JSON naming the region the routers classify by."""
+    from pyspark.sql import functions as F
+
+    region = F.element_at(
+        F.array(*map(F.lit, REGIONS)), (F.col("order") % len(REGIONS) + 1).cast("int")
+    )
+    return (
+        spark.range(orders * LINES)
+        .select(
+            (F.col("id") / LINES).cast("long").alias("order"), (F.col("id") % LINES).alias("line")
+        )
+        .select(
+            "order",
+            "line",
+            F.struct(
+                region.alias("region"),
+                F.col("order"),
+                F.col("line"),
+                F.concat(F.lit("sku-"), (F.col("order") * 7 + F.col("line")) % 500).alias("sku"),
+                (F.col("line") + 1).alias("qty"),
+            ).alias("body"),
+        )
+        .cache()
+    )
+
+
+def _collect_replies(shop: Any, rows: int, progress: Any, timeout_s: float = 300.0) -> None:
+    """Receive and commit replies at the shop until there is one per line (or time is up)."""
+    got, shown, deadline = 0, time.monotonic(), time.monotonic() + timeout_s
+    while got < rows and time.monotonic() < deadline:
+        groups = shop.receive("StoreQ", max_groups=200, top=50_000, wait=0.5)
+        got += sum(len(g.messages) for g in groups)
+        if groups:
+            shop.commit(groups)
+        if time.monotonic() - shown > 2.0:
+            progress(f"  replies at the shop: {got:,}/{rows:,}")
+            shown = time.monotonic()
+    progress(f"  replies at the shop: {got:,}/{rows:,}")
+
+
+def _summary(audit, report, there, back, rows: int, elapsed: float, progress: Any) -> bool:
+    from pyspark.sql import functions as F
+
+    records = audit.df
+    per_region = {
+        r["to_service"]: r["n"]
+        for r in records.filter(F.col("to_service").startswith("Sales") & F.col("from_initiator"))
+        .filter(F.col("message_type") == "Order")
+        .groupBy("to_service")
+        .agg(F.count("*").alias("n"))
+        .collect()
+    }
+    ours = F.col("conversation_id").startswith(f"{report.ingest_id}/")
+    sent = records.filter(ours & F.col("from_initiator")).select(
+        "conversation_id", "sequence_number", "sent_at"
+    )
+    replied = records.filter(ours & ~F.col("from_initiator")).select(
+        "conversation_id", "sequence_number", "committed_at"
+    )
+    trips = sent.join(replied, ["conversation_id", "sequence_number"]).select(
+        ((F.col("committed_at") - F.col("sent_at")) * 1000).alias("ms")
+    )
+    p50, p99 = trips.approxQuantile("ms", [0.5, 0.99], 0.001) or (float("nan"),) * 2
+    lost = there.missing + back.missing + there.unaccounted + back.unaccounted
+    doubled = there.doubled + back.doubled
+    out_of_order = there.out_of_order + back.out_of_order
+    table = [
+        ("orders (dialogs)", f"{report.dialogs:,}"),
+        ("order lines sent", f"{report.sent:,} of {report.rows:,} rows"),
+        *(
+            (f"lines at {svc}", f"{per_region.get(svc, 0):,}")
+            for svc in (f"Sales{r}" for r in REGIONS)
+        ),
+        ("replies back at the shop", f"{back.delivered:,}"),
+        ("ingest", f"{report.elapsed_s:.1f}s ({report.rows_per_s:,.0f} rows/s)"),
+        ("end to end", f"{elapsed:.1f}s ({2 * rows / elapsed:,.0f} messages/s, there and back)"),
+        ("latency order sent -> reply committed", f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"),
+        ("lost", f"{lost}"),
+        ("doubled", f"{doubled}"),
+        ("out of order", f"{out_of_order}"),
+    ]
+    width = max(len(k) for k, _ in table)
+    progress("")
+    progress("sales by region: summary")
+    for k, v in table:
+        progress(f"  {k.ljust(width)}  {v}")
+    ok = there.ok and back.ok and there.expected == rows and not report.rejected
+    progress(
+        "  result".ljust(width + 2)
+        + ("  every line once, in order, both ways" if ok else "  FAILED")
+    )
+    return ok

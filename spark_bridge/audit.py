@@ -42,6 +42,22 @@ SCHEMA = pa.schema(
 assert SCHEMA.names[:-1] == list(audit_format.FIELDS)
 
 
+READ_TASKS = 2  # tasks reading audits at once: each is a process; brokers share them
+
+
+def read_brokers(
+    brokers: list[tuple[str, str, int]], page: int = 1000
+) -> tuple[pa.Table, list[int], list[int]]:
+    """The audits of (name, namespace, after id) brokers, one after another, as one Arrow
+    table; per broker the id to continue from and the commits its bound dropped unread."""
+    parts = [read_broker(name, ns, after, page) for name, ns, after in brokers]
+    return (
+        pa.concat_tables([t for t, _, _ in parts]),
+        [n for _, n, _ in parts],
+        [m for _, _, m in parts],
+    )
+
+
 def read_broker(
     name: str, namespace: str, after_id: int, page: int = 1000
 ) -> tuple[pa.Table, int, int]:
@@ -112,13 +128,17 @@ class AuditCursor:
         DataFrame (cached: it stays valid after the Ray objects it came from are gone)."""
         import ray
 
-        task = ray.remote(num_cpus=0, num_returns=3)(read_broker)
-        parts = [
-            task.remote(b.name, b.namespace, self.positions.get(b.name, 0)) for b in self.brokers
-        ]
+        task = ray.remote(num_cpus=0, num_returns=3)(read_brokers)
+        todo = [(b.name, b.namespace, self.positions.get(b.name, 0)) for b in self.brokers]
+        shares = [todo[i::READ_TASKS] for i in range(min(READ_TASKS, len(todo)))]
+        parts = [task.remote(share) for share in shares]
         tables = [p[0] for p in parts]
-        nexts = ray.get([p[1] for p in parts])
-        missed = ray.get([p[2] for p in parts])
+        # back in the brokers' order: share i holds brokers i, i + READ_TASKS, ...
+        got = [(ray.get(p[1]), ray.get(p[2])) for p in parts]
+        nexts, missed = [0] * len(todo), [0] * len(todo)
+        for i, (ns, ms) in enumerate(got):
+            for j, (n, m) in enumerate(zip(ns, ms, strict=True)):
+                nexts[i + j * READ_TASKS], missed[i + j * READ_TASKS] = n, m
         quiet = logging.getLogger("ray.data")  # its per-dataset banners are not for users
         level = quiet.level
         quiet.setLevel(logging.WARNING)

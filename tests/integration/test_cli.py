@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -10,11 +11,21 @@ from actors.cli import main
 
 
 @pytest.mark.slow
-def test_the_demo_processes_every_order_once(ray_session, capsys):
-    assert main(["demo", "--orders", "200", "--readers", "2"]) == 0
+def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(spark, capsys):
+    assert main(["demo", "--orders", "200"]) == 0
+
     out = capsys.readouterr().out
-    assert "OK: nothing lost, nothing doubled" in out
-    assert "orders confirmed                  200" in out
+    summary = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in out.split("sales by region: summary", 1)[1].splitlines()
+        if line.strip()
+    )
+    assert (summary["lost"], summary["doubled"], summary["out of order"]) == ("0", "0", "0")
+    assert summary["replies back at the shop"] == "600"
+    # order n goes to region n % 3: 67 orders each to EU and US, 66 to APAC, 3 lines each
+    regions = [summary[f"lines at Sales{r}"] for r in ("EU", "US", "APAC")]
+    assert regions == ["201", "201", "198"]
+    assert summary["result"] == "every line once, in order, both ways"
 
 
 @pytest.mark.slow
