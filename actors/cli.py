@@ -72,9 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
     bench.set_defaults(fn=_bench)
-    from spark_bridge.commands import add_parsers  # argparse only: Spark loads when used
+    from spark_bridge import commands as spark_commands  # argparse only: Spark loads when used
+    from topologies import commands as topology_commands
 
-    add_parsers(sub)
+    spark_commands.add_parsers(sub)
+    topology_commands.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -79,6 +79,7 @@ class BrokerService:
     ) -> None:
         # first: a broker whose store did not open still answers `info` through `call`
         self._order = Sequencer()  # each client's calls start in the order it issued them
+        self.started = time.time()
         check_name_and_path(name, path)
         self.name = name
         # as started, so a second start can refuse to attach with other settings
@@ -303,6 +304,7 @@ class BrokerService:
             "name": self.name,
             "broker_id": self.core.broker_id,
             "pid": os.getpid(),
+            "uptime_s": time.time() - self.started,
             "path": self.path,
             "durability": self.durability,
             "limits": self.limits,

@@ -213,13 +213,18 @@ def deploy(
             else:
                 b.drop_route(subject.name, table=subject.table)
             out.changes.append(f"{spec.name}: {action} route {_what(subject)}")
+    detached = bool(broker_options.get("detached"))
     for rs in topology.router_sets:
-        out.router_sets[rs.name] = _router_set(rs, out, data_dir, progress)
+        out.router_sets[rs.name] = _router_set(rs, out, data_dir, progress, detached)
     return out
 
 
 def _router_set(
-    rs: RouterSetSpec, out: Deployment, data_dir: str, progress: Callable[[str], None]
+    rs: RouterSetSpec,
+    out: Deployment,
+    data_dir: str,
+    progress: Callable[[str], None],
+    detached: bool,
 ) -> RouterSet:
     running = _running_replicas(rs)
     routers = RouterSet(
@@ -232,6 +237,7 @@ def _router_set(
         contracts=None if rs.contracts is None else list(rs.contracts),
         readers=rs.readers,
         progress=progress,
+        detached=detached,
     )
     routers.start(max(rs.replicas, len(running)))  # attaches to the running ones
     if len(running) < rs.replicas:

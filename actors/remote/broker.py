@@ -48,7 +48,7 @@ class BrokerActor(BrokerService):
     async def info(self) -> dict[str, Any]:
         if self.start_error is not None:
             raise self.start_error
-        return await super().info()
+        return await super().info() | {"node": ray.get_runtime_context().get_node_id()}
 
     async def holder_alive(self, handle: Any) -> bool | None:
         """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its

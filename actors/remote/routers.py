@@ -49,11 +49,13 @@ class RouterSet:
         contracts: Sequence[str] | None = None,
         readers: int = 2,
         progress: Progress = lambda s: None,
+        detached: bool = False,
     ) -> None:
         self.name, self.config, self.store_dir = name, config, store_dir
         self.initiators, self.initiator_services = list(initiators), list(initiator_services)
         self.targets = dict(targets)
         self.readers, self.progress = readers, progress
+        self.detached = detached  # replicas outlive this driver (a deploy from the command line)
         missing = set(config.targets) - set(self.targets)
         if missing:
             raise InvalidDefinition(
@@ -105,7 +107,9 @@ class RouterSet:
         """Start one more replica; new dialogs spread over the new set from now on."""
         name = f"{self.name}-{self._next}"
         self._next += 1
-        b = start_broker(name, os.path.join(self.store_dir, f"{name}.sqlite"))
+        b = start_broker(
+            name, os.path.join(self.store_dir, f"{name}.sqlite"), detached=self.detached
+        )
         existing = {(k, r["name"]) for k, r in b.definitions()}
         for defn in [*self.definitions["types"], *self.definitions["contracts"]]:
             kind = "message_type" if isinstance(defn, MessageType) else "contract"

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from actors import Begin, Send
+from topologies.commands import status_of
 from topologies.deploy import deploy, plan, teardown
 from topologies.loader import load
 
@@ -124,3 +125,28 @@ def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, t
         assert len(d.router_sets["sales-routers"].replicas) == 2
     finally:
         d.stop(delete_stores=True)
+
+
+def test_the_command_line_deploys_shows_status_and_tears_down(ray_session, tmp_path, capsys):
+    from actors.cli import main
+
+    tag = uuid.uuid4().hex[:6]
+    path = write(tmp_path, two_brokers(tag))
+    common = [path, "--data-dir", str(tmp_path / "data")]
+
+    assert main(["deploy", *common, "--dry-run"]) == 0
+    assert f"start broker a-{tag}" in capsys.readouterr().out
+    assert plan(load(path), str(tmp_path / "data"))[0].startswith("start broker")  # dry: nothing
+
+    assert main(["deploy", *common]) == 0
+    assert main(["deploy", *common]) == 0
+    assert "0 change(s)" in capsys.readouterr().out.splitlines()[-1]
+    assert main(["status", *common, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    b = status["brokers"][f"b-{tag}"]
+    assert b["running"] and b["pid"] > 0 and b["uptime_s"] >= 0 and b["node"]
+    assert b["queues"]["Q1"]["depth"] == 0
+
+    assert main(["teardown", *common, "--delete-stores"]) == 0
+    assert f"stopped a-{tag}, b-{tag}" in capsys.readouterr().out
+    assert not status_of(load(path))["brokers"][f"a-{tag}"]["running"]
