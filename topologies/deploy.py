@@ -18,7 +18,7 @@ import ray
 
 from actors import Broker, Queue, start_broker
 from actors.catalog import kind_of, to_record
-from actors.errors import TopologyError
+from actors.errors import BrokerUnavailable, TopologyError
 from actors.remote.client import connect
 from actors.remote.routers import RouterSet
 
@@ -40,7 +40,10 @@ class Deployment:
         for rs in self.router_sets.values():
             rs.stop(delete_stores)
         for b in self.brokers.values():
-            b.stop(delete_store=delete_stores)
+            try:
+                b.stop(delete_store=delete_stores)
+            except BrokerUnavailable:  # stopped already (its store, if any, stays)
+                continue
 
 
 def _running(name: str) -> Broker | None:
