@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import InvalidArgument
 from .limits import Limits
+from .metrics import MetricsSink
 from .service import BrokerService, check_name_and_path
 from .verbs import Verbs
 
@@ -32,6 +33,7 @@ class LocalBroker(Verbs):
         path: str = ":memory:",
         *,
         durability: str = "normal",
+        metrics: MetricsSink | None = None,
         **limits: Any,
     ) -> None:
         check_name_and_path(name, path)
@@ -44,7 +46,7 @@ class LocalBroker(Verbs):
         )
         self._thread.start()
         try:
-            self.service: BrokerService = self._run(_start(name, path, durability, limits))
+            self.service: BrokerService = self._run(_start(name, path, durability, limits, metrics))
         except BaseException:
             self._halt()
             raise
@@ -62,7 +64,7 @@ class LocalBroker(Verbs):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        result = self._run(getattr(self.service, method)(*args))
+        result = self._run(self.service.verb(method, *args))
         return post(result) if post else result
 
     def stop(self, delete_store: bool = False) -> None:
@@ -102,7 +104,7 @@ class AsyncLocalBroker(Verbs):
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         sync = self._sync
-        coro = getattr(sync.service, method)(*args)
+        coro = sync.service.verb(method, *args)
         if asyncio.get_running_loop() is sync.loop:  # already on the broker's loop
             result = await coro
         else:
@@ -110,5 +112,7 @@ class AsyncLocalBroker(Verbs):
         return post(result) if post else result
 
 
-async def _start(name: str, path: str, durability: str, limits: dict[str, Any]) -> BrokerService:
-    return BrokerService(name, path, durability, limits)
+async def _start(
+    name: str, path: str, durability: str, limits: dict[str, Any], metrics: MetricsSink | None
+) -> BrokerService:
+    return BrokerService(name, path, durability, limits, metrics=metrics)

@@ -31,6 +31,7 @@ from .errors import (
     StoreError,
     UnknownBroker,
 )
+from .metrics import SAMPLE_EVERY_S, MetricsSink
 from .ordering import Order, Sequencer
 from .store import Store
 from .transport import Outbound, Peers
@@ -76,10 +77,12 @@ class BrokerService:
         *,
         peers: Peers | None = None,
         launcher: ReaderLauncher | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         # first: a broker whose store did not open still answers `info` through `call`
         self._order = Sequencer()  # each client's calls start in the order it issued them
         self.started = time.time()
+        self.metrics = metrics
         check_name_and_path(name, path)
         self.name = name
         # as started, so a second start can refuse to attach with other settings
@@ -116,7 +119,7 @@ class BrokerService:
     # --- the clock: timers, lifetimes, leases, dead holders -------------------------------------
 
     async def _run_clock(self) -> None:
-        next_owner_check = 0.0
+        next_owner_check = next_sample = 0.0
         while True:
             try:
                 due = self.core.tick()
@@ -125,6 +128,9 @@ class BrokerService:
                 if now >= next_owner_check:
                     next_owner_check = now + self.core.limits.owner_check_s
                     await self._release_dead_owners()
+                if self.metrics is not None and now >= next_sample:
+                    next_sample = now + SAMPLE_EVERY_S
+                    self.metrics.sample(self.metrics_snapshot())
             except Exception as exc:  # the clock must outlive any one failure; it is logged
                 self._log_failure("a clock tick", exc)
                 due = None
@@ -297,7 +303,17 @@ class BrokerService:
                 f"{method!r} is not a broker verb; use one of {sorted(CLIENT_VERBS)}"
             )
         await self._order.turn(order)
-        return await getattr(self, method)(*args)
+        return await self.verb(method, *args)
+
+    async def verb(self, method: str, *args: Any) -> Any:
+        """Run one verb, timed for the metrics sink (the in-process handle calls this)."""
+        if self.metrics is None:
+            return await getattr(self, method)(*args)
+        started = time.perf_counter()
+        try:
+            return await getattr(self, method)(*args)
+        finally:
+            self.metrics.observe_call(method, time.perf_counter() - started)
 
     async def info(self) -> dict[str, Any]:
         return {
@@ -441,6 +457,18 @@ class BrokerService:
         return self.pools.reader_handles(queue)
 
     # --- views -----------------------------------------------------------------------------------
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the metrics sink is handed each second (see actors.metrics)."""
+        from .ddr.router import stats  # routing services count in this process
+
+        routers = {s: stats(s) for s in self.core.state.catalog.services}
+        return {
+            "counts": self.core.state.counts.as_dict(),
+            "queues": self._queues_view(),
+            "transmission": self.core.store.transmission_depth(),
+            "routers": {s: c for s, c in routers.items() if any(c.values())},
+        }
 
     def _queues_view(self) -> dict[str, dict[str, Any]]:
         out = self.core.queues_view()

@@ -435,6 +435,10 @@ class Store:
             "SELECT id, at, payload FROM audit WHERE id>? ORDER BY id LIMIT ?", (after_id, limit)
         ).fetchall()
 
+    def transmission_depth(self) -> int:
+        """Messages waiting in the transmission queue."""
+        return self.db.execute("SELECT COUNT(*) FROM transmission").fetchone()[0]
+
     def audit_first_id(self) -> int | None:
         """The oldest audit row still kept (None: none kept)."""
         return self.db.execute("SELECT MIN(id) FROM audit").fetchone()[0]

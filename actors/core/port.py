@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from ..catalog import Catalog
+from ..counters import Counts
 from ..dialogs import Endpoint, State
 from ..limits import Limits
 from ..routing import Hop, Match, next_hops
@@ -28,6 +29,10 @@ class CorePort(Part):
     @property
     def forwarding(self) -> bool:
         return self.state.forwarding
+
+    @property
+    def counts(self) -> Counts:
+        return self.state.counts
 
     @property
     def catalog(self) -> Catalog:

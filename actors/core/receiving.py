@@ -75,6 +75,7 @@ class Receiving(Part):
             out.append(self._take(lock, rows))
             if target is not None:
                 break
+        st.counts.received += sum(len(g.messages) for g in out)
         return out
 
     def _target_group(self, queue: str, group_id: str | None, handle: str | None) -> int | None:
@@ -187,6 +188,7 @@ class Receiving(Part):
             if records:
                 self.store.insert_audit(w.now, audit.pack(records))
             w.after.append(lambda: self._release(committing, committed=True))
+            w.after.append(lambda: self._count_committed(committing))
             return {**result, "committed": sum(lk.count for lk in committing)}
 
         result = self.uow.run(fn, request_id)
@@ -223,11 +225,15 @@ class Receiving(Part):
                 idx.make_ready(lk.group, lk.ready_key)
             self.uow.notify(lk.queue)
 
+    def _count_committed(self, locks: Sequence[Lock]) -> None:
+        self.state.counts.committed += sum(lk.count for lk in locks)
+
     def rollback(self, locks: Sequence[Lock], why: str) -> None:
         """Return locked groups' messages to their queues; count rollbacks toward poison, once
         per receive however many of its groups roll back (see `Turn`)."""
         if not locks:
             return
+        self.state.counts.rolled_back += sum(lk.count for lk in locks)
         self._release(locks, committed=False)
         for lk in locks:
             if lk.turn.counted:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..catalog import Catalog, from_record
+from ..counters import Counts
 from ..dialogs import Endpoint, State
 from ..errors import ConversationNotFound, InvalidArgument
 from ..limits import Limits
@@ -49,6 +50,7 @@ class BrokerState:
     def __init__(self, store: Store, limits: Limits, name: str) -> None:
         self.name = name  # the broker's name: what "ray://<name>" addresses
         self.limits = limits
+        self.counts = Counts()  # since this start (actors.counters)
         self.broker_id = store.broker_id
         self.catalog = Catalog()
         for kind, rec in store.load_catalog():

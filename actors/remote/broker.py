@@ -15,6 +15,7 @@ import ray
 
 from ..errors import BrokerError
 from ..service import BrokerService
+from .metrics import RayMetrics
 from .peers import RayPeers
 from .pools import RayReaderLauncher
 
@@ -36,6 +37,7 @@ class BrokerActor(BrokerService):
                 limits,
                 peers=RayPeers(namespace),
                 launcher=RayReaderLauncher(name, namespace),
+                metrics=RayMetrics(name),
             )
         except BrokerError as exc:
             if _restarted():

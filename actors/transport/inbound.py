@@ -148,6 +148,9 @@ class Receiver:
         if local or events:
             self._take_all(local, events, arrival)
         arrival.forwards = list(onward.values())
+        port.counts.forwarded += sum(
+            len(b.seqs) for _, bundles in arrival.forwards for b in bundles
+        )
         return arrival
 
     def _take_all(

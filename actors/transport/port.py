@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..catalog import Catalog
+from ..counters import Counts
 from ..dialogs import Endpoint
 from ..limits import Limits
 from ..routing import Hop, Match
@@ -27,6 +28,9 @@ class BrokerPort(Protocol):
 
     @property
     def forwarding(self) -> bool: ...
+
+    @property
+    def counts(self) -> Counts: ...
 
     @property
     def catalog(self) -> Catalog: ...

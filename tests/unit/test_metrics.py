@@ -1,0 +1,61 @@
+"""What a broker reports to its metrics sink: counts of messages sent, received, committed and
+rolled back, queue depths, the transmission queue, and each call's duration. A LocalBroker with a
+collecting sink; no Ray."""
+
+from __future__ import annotations
+
+import time
+
+from actors import Begin, LocalBroker, Queue, Send, Service
+
+
+class Collected:
+    """A metrics sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+        self.snapshots: list[dict] = []
+
+    def observe_call(self, method: str, seconds: float) -> None:
+        self.calls.append((method, seconds))
+
+    def sample(self, snapshot: dict) -> None:
+        self.snapshots.append(snapshot)
+
+
+def latest(sink: Collected, check, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sink.snapshots and check(sink.snapshots[-1]):
+            return sink.snapshots[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no snapshot matched; last: {sink.snapshots[-1:]}")
+
+
+def test_the_sink_sees_counts_depths_and_call_times():
+    sink = Collected()
+    with LocalBroker("metered", metrics=sink) as b:
+        b.create(Queue("Q"))
+        b.create(Service("S", "Q", ["DEFAULT"]))
+        op = Begin("S", "S")
+        b.apply([op, Send(op.handle, "DEFAULT", [b"x"] * 10)])
+        snap = latest(sink, lambda s: s["queues"].get("Q", {}).get("depth") == 10)
+        assert snap["counts"]["sent"] == 10 and snap["counts"]["received"] == 0
+
+        got = b.receive("Q", top=4)
+        b.rollback(got)
+        got = b.receive("Q", top=10)
+        b.commit(got)
+
+        snap = latest(sink, lambda s: s["counts"]["committed"] == 10)
+        assert snap["counts"] == {
+            "sent": 10,
+            "received": 14,
+            "committed": 10,
+            "rolled_back": 4,
+            "forwarded": 0,
+        }
+        assert snap["queues"]["Q"]["depth"] == 0 and snap["transmission"] == 0
+    methods = [m for m, _ in sink.calls]
+    assert {"apply", "receive", "settle"} <= set(methods)
+    assert all(s >= 0 for _, s in sink.calls)
