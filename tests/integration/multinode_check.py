@@ -78,8 +78,8 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 class Reader(threading.Thread):
     """Receives groups at mn-store and commits each group's new state with the receive, so a
-    message is counted exactly when it leaves the queue: {"count", "last" sequence number,
-    "n" last body counter, "bad" messages out of order}."""
+    message is counted exactly when it leaves the queue: {"count", "last" sequence number, "bad":
+    messages whose sequence number or body counter `n` is not the one after the last}."""
 
     def __init__(self, broker: Any) -> None:
         super().__init__(daemon=True)
@@ -142,8 +142,8 @@ def audit_keys(store: Any) -> tuple[Counter[tuple[str, int]], int]:
 def scenario(root: str, result: dict[str, Any]) -> None:
     """Start the cluster, run the stream with a node killed in it, and fill in `result`."""
     t0 = time.monotonic()
-    # Ray notices a crashed node by missed health checks (by default after about 15 s); checks
-    # every 0.5 s, 4 misses, keep the wait for the restart short.
+    # Ray notices a crashed node by missed health checks (by default after about 15 s); a check
+    # every 0.5 s and 4 misses keep the wait for the restart short.
     quick = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": quick})
     try:
@@ -163,7 +163,7 @@ def scenario(root: str, result: dict[str, Any]) -> None:
 
 
 def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any, b_nodes: list) -> None:
-    path = os.path.join(root, "two_nodes.yaml")
+    path = os.path.join(root, "multinode.yaml")
     with open(path, "w") as f:
         f.write(TOPOLOGY)
     brokers = deploy(load(path), os.path.join(root, "data")).brokers
