@@ -14,7 +14,10 @@
 #     (Spark on the cluster: Java 17 needed, ~2 more minutes).
 # Prints PASS/FAIL per check and a RESULT line; exits 0 only when every check passed.
 #
-# Usage: scripts/ray_up_local.sh [--demo] [--orders N] [--keep]
+# Usage: scripts/ray_up_local.sh [--demo] [--orders N] [--ssh] [--keep]
+#   --demo   also run `raybroker demo --orders N` (default 200) as a job
+#   --ssh    run the jobs with `ray exec` over SSH on the head, not through the job API (what
+#            happens anyway when the virtualenv lacks ray[default], which the dashboard needs)
 #   --keep   keep the scratch directory (logs, config, session logs) even when everything passed
 # Needs: root, util-linux (unshare), iproute2, openssh-server, openssh-client, rsync, and this
 # checkout's virtualenv (.venv, with ray[default]==2.60.0 and the project installed).
@@ -37,7 +40,12 @@ if [[ "${1:-}" != "--inside" ]]; then
     for tool in unshare ip ssh ssh-keygen rsync /usr/sbin/sshd; do
         command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
     done
-    [[ -x "$VENV/bin/ray" ]] || missing+=("$VENV/bin/ray (python3 -m venv .venv && .venv/bin/pip install -e .)")
+    if [[ "$(id -u)" == 0 ]] && command -v unshare >/dev/null &&
+        ! unshare --pid --fork --mount --net --propagation private true 2>/dev/null; then
+        missing+=("permission to make namespaces (a container without CAP_SYS_ADMIN?)")
+    fi
+    [[ -x "$VENV/bin/ray" ]] ||
+        missing+=("$VENV/bin/ray (python3 -m venv .venv && .venv/bin/pip install -e .)")
     if ((${#missing[@]})); then
         echo "MISSING: ${missing[*]}" >&2
         echo "On Debian/Ubuntu: apt-get install -y openssh-server openssh-client rsync iproute2" >&2
@@ -65,13 +73,15 @@ fi
 SCRATCH="$2"
 shift 2
 DEMO=0
+SSH_JOBS=0
 ORDERS=200
 while (($#)); do
     case "$1" in
     --demo) DEMO=1 ;;
+    --ssh) SSH_JOBS=1 ;;
     --orders) ORDERS="$2"; shift ;;
     --keep) ;;
-    *) echo "unknown option $1 (usage: $0 [--demo] [--orders N] [--keep])" >&2; exit 2 ;;
+    *) echo "unknown option $1 (usage: $0 [--demo] [--orders N] [--ssh] [--keep])" >&2; exit 2 ;;
     esac
     shift
 done
@@ -110,25 +120,27 @@ summary() {
 ip link set lo up
 # HOME: `ray up` writes ~/ray_bootstrap_config.yaml and ~/ray_bootstrap_key.pem; the token is
 # ~/.ray/auth_token; the cluster's ~/.bashrc is written by its setup commands.
-# What this run needs from the real /root (this checkout's Python may live in /root/.pyenv, the
-# checkout itself under /root) stays visible in the scratch HOME.
-keep_from_root() {
-    local path top
-    path="$(realpath -m "$1")"
-    [[ "$path" == /root/* ]] || return 0
-    top="${path#/root/}"
-    top="${top%%/*}"
-    [[ -e "$SCRATCH/home/$top" ]] && return 0
-    if [[ -d "/root/$top" ]]; then mkdir "$SCRATCH/home/$top"; else touch "$SCRATCH/home/$top"; fi
-    mount --bind "/root/$top" "$SCRATCH/home/$top"
-}
-keep_from_root "$(readlink -f "$VENV/bin/python3")"
-keep_from_root "$VENV"
-keep_from_root "$REPO"
-mount --rbind "$SCRATCH/home" /root
 # /tmp: /tmp/ray (sessions, ray_current_cluster, the local provider's node state), Ray's SSH
 # control sockets and its config cache stay private to this run.
-mount --bind "$SCRATCH/tmp" /tmp
+# What this run needs from the real /root or /tmp (this checkout's Python may live in
+# /root/.pyenv, the checkout itself under /root or /tmp) stays visible through both.
+keep_visible() { # $1: /root or /tmp; $2: the scratch directory that replaces it; $3: a path
+    local dir="$1" into="$2" path top
+    for path in "$(realpath -s -m "$3")" "$(realpath -m "$3")"; do
+        [[ "$path" == "$dir"/* ]] || continue
+        top="${path#"$dir"/}"
+        top="${top%%/*}"
+        [[ -e "$into/$top" ]] && continue
+        if [[ -d "$dir/$top" ]]; then mkdir "$into/$top"; else touch "$into/$top"; fi
+        mount --bind "$dir/$top" "$into/$top"
+    done
+}
+for path in "$VENV/bin/python3" "$VENV" "$REPO"; do
+    keep_visible /root "$SCRATCH/home" "$path"
+    keep_visible /tmp "$SCRATCH/tmp" "$path"
+done
+mount --rbind "$SCRATCH/home" /root
+mount --rbind "$SCRATCH/tmp" /tmp
 # From here on $SCRATCH is hidden under the new /tmp: this run's own files go to $WORK, which is
 # $SCRATCH/tmp/raybroker-up seen from outside.
 WORK=/tmp/raybroker-up
@@ -169,7 +181,8 @@ if ! /usr/sbin/sshd -f "$WORK/ssh/sshd_config" -E "$LOGS/sshd.log"; then
 fi
 SSH=(ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
     -o LogLevel=ERROR -o ConnectTimeout=5)
-until "${SSH[@]}" "root@$HEAD_IP" true 2>/dev/null && "${SSH[@]}" "root@$WORKER_IP" true 2>/dev/null; do
+reachable() { "${SSH[@]}" "root@$1" true 2>/dev/null; }
+until reachable "$HEAD_IP" && reachable "$WORKER_IP"; do
     if (($(now_ms) - T0 > DEADLINE_S * 1000)); then
         fail sshd "no SSH on $HEAD_IP/$WORKER_IP after ${DEADLINE_S} s"
         tail_log "$LOGS/sshd.log"
@@ -189,13 +202,15 @@ else
     summary
 fi
 CONFIG=/tmp/cluster_local.yaml
-sed -e "s|@VENV@|$VENV|g" -e "s|@REPO@|$REPO|g" "$REPO/scripts/cluster_local.yaml" >"$CONFIG"
+sed -e "s|@VENV@|$VENV|g" "$REPO/scripts/cluster_local.yaml" >"$CONFIG"
 
 # --- 4. ray up ----------------------------------------------------------------------------------
 note "ray up (head $HEAD_IP, worker $WORKER_IP)"
 t=$(now_ms)
 # v1 autoscaler: v2 launches no workers for the local provider (Ray issue 57153)
-if RAY_UP_enable_autoscaler_v2=0 ray up -y --no-config-cache "$CONFIG" >"$LOGS/ray_up.log" 2>&1; then
+# from the checkout: file_mounts sync "." to ~/raybroker, as with cluster.yaml
+if (cd "$REPO" && RAY_UP_enable_autoscaler_v2=0 ray up -y --no-config-cache "$CONFIG") \
+    >"$LOGS/ray_up.log" 2>&1; then
     pass "ray up" "head up in $(since "$t") s"
 else
     fail "ray up" "exit status $?"
@@ -205,8 +220,9 @@ fi
 
 export RAY_AUTH_MODE=token # the token itself: ~/.ray/auth_token
 # What rsync put on the head: the project, without the virtualenv nor git's files.
-if [[ -f /root/raybroker/pyproject.toml && ! -e /root/raybroker/.venv && ! -e /root/raybroker/.git ]]; then
-    pass file_mounts "~/raybroker synced without .venv and .git; token at ~/.ray/auth_token"
+synced=/root/raybroker
+if [[ -f $synced/pyproject.toml && ! -e $synced/.venv && ! -e $synced/.git ]]; then
+    pass file_mounts "~/raybroker synced from the checkout, without .venv and .git"
 else
     fail file_mounts "~/raybroker: $(ls -A /root/raybroker 2>&1 | tr '\n' ' ')"
 fi
@@ -216,7 +232,8 @@ fi
 # autoscaler, one " 1 node_<id>" line each with v2); poll until there are two.
 alive_nodes() {
     ray status --address "$HEAD_IP:6379" 2>/dev/null |
-        awk '/^Active:/ {on = 1; next} /^[A-Z]/ {on = 0} on && $1 ~ /^[0-9]+$/ {n += $1} END {print n + 0}'
+        awk '/^Active:/ {on = 1; next} /^[A-Z]/ {on = 0}
+             on && $1 ~ /^[0-9]+$/ {n += $1} END {print n + 0}'
 }
 t=$(date +%s)
 nodes=$(alive_nodes)
@@ -229,11 +246,12 @@ if ((nodes == 2)); then
     pass "worker joined" "ray status lists 2 active nodes, $(($(date +%s) - t)) s after ray up"
 else
     fail "worker joined" "ray status lists $nodes active node(s) after ${DEADLINE_S} s"
-    tail_log "$LOGS/ray_status.log"
-    tail_log /tmp/ray/session_latest/logs/monitor.log 30
+    tail_log "$LOGS/ray_status.log" 25
+    # the autoscaler's SSH sessions to the worker (setup and start commands) print here
+    tail_log /tmp/ray/session_latest/logs/monitor.err 30
 fi
 
-# --- 6. Refusals without the token (in the background: each takes ~20 s of retries) -----------
+# --- 6. Refusals without the token (the drivers in the background: each retries for 3 s) -------
 refused_driver() { # $1: label; the rest: env changes for a driver that must be refused
     local label="$1"
     shift
@@ -285,17 +303,19 @@ else
         "(jobs go over SSH with ray exec instead)"
 fi
 
-# A job on the cluster, with the token: through the job API, else over SSH on the head.
-submit() { # $1: log file; the rest: the command
-    local log="$1"
-    shift
+# A job on the cluster, with the token: through the job API, else over SSH on the head; given up
+# after $1 seconds (exit status 124).
+submit() { # $1: seconds; $2: log file; the rest: the command
+    local seconds="$1" log="$2"
+    shift 2
     if ((JOB_API)); then
-        ray job submit --address "http://$HEAD_IP:8265" \
+        timeout "$seconds" ray job submit --address "http://$HEAD_IP:8265" \
             --runtime-env-json '{"env_vars": {"RAYBROKER_QUIET": "1"}}' -- "$@" >"$log" 2>&1
     else
-        ray exec "$CONFIG" "RAYBROKER_QUIET=1 $(printf '%q ' "$@")" >"$log" 2>&1
+        timeout "$seconds" ray exec "$CONFIG" "RAYBROKER_QUIET=1 $(printf '%q ' "$@")" >"$log" 2>&1
     fi
 }
+((SSH_JOBS)) && JOB_API=0
 HOW=$( ((JOB_API)) && echo "ray job submit" || echo "ray exec")
 
 # --- 7. A job with the token: brokers on both nodes, 100 messages across ------------------------
@@ -322,8 +342,10 @@ def on(role):
 
 
 store = "/tmp/raybroker-stores"
-a = start_broker("upcheck-a", f"{store}/a.sqlite", resources={"broker_host": 1}, scheduling_strategy=on("head"))
-b = start_broker("upcheck-b", f"{store}/b.sqlite", resources={"broker_host": 1}, scheduling_strategy=on("worker"))
+a = start_broker("upcheck-a", f"{store}/a.sqlite", resources={"broker_host": 1},
+                 scheduling_strategy=on("head"))
+b = start_broker("upcheck-b", f"{store}/b.sqlite", resources={"broker_host": 1},
+                 scheduling_strategy=on("worker"))
 where = {}
 for name, broker in (("upcheck-a", a), ("upcheck-b", b)):
     broker.info()  # started and answering
@@ -357,34 +379,41 @@ print(f"messages: {len(got)} received, in order: {ok}")
 print("UPCHECK", "OK" if ok and placed and len(nodes) == 2 else "BAD")
 sys.exit(0 if ok and placed else 1)
 EOF
-note "$HOW: brokers on both nodes, 100 messages"
-t=$(now_ms)
-submit "$LOGS/job_upcheck.log" "$VENV/bin/python" /root/upcheck.py
-job_rc=$?
-job_s=$(since "$t")
-grep -E '^(nodes|brokers|messages|UPCHECK):? ' "$LOGS/job_upcheck.log" | sed 's/^/    /'
-if ((job_rc == 0)) && grep -q '^UPCHECK OK' "$LOGS/job_upcheck.log"; then
-    pass "job with token" "$HOW: brokers on $HEAD_IP and $WORKER_IP, 100 messages across in order ($job_s s)"
+if ((nodes < 2)); then
+    # the job places a broker on the worker: without one it would wait for it
+    fail "job with token" "not run: the worker did not join"
+    if ((DEMO)); then fail "demo job" "not run: the worker did not join"; fi
 else
-    fail "job with token" "$HOW: exit status $job_rc ($job_s s)"
-    tail_log "$LOGS/job_upcheck.log"
-fi
-
-# --- 8. The demo as a job (optional) ------------------------------------------------------------
-if ((DEMO)); then
-    note "$HOW: raybroker demo --orders $ORDERS"
+    note "$HOW: brokers on both nodes, 100 messages"
     t=$(now_ms)
-    submit "$LOGS/job_demo.log" "$VENV/bin/raybroker" demo --orders "$ORDERS"
-    demo_rc=$?
-    demo_s=$(since "$t")
-    # its summary: from the reconciliation on, without Ray's own lines
-    sed -n '/reading every broker/,$p' "$LOGS/job_demo.log" | grep -v -E '^\(|^[0-9]{4}-|^Job |^-+$|^$' |
-        sed 's/^/    /' | head -40
-    if ((demo_rc == 0)); then
-        pass "demo job" "raybroker demo --orders $ORDERS ($demo_s s)"
+    submit 300 "$LOGS/job_upcheck.log" "$VENV/bin/python" /root/upcheck.py
+    job_rc=$?
+    job_s=$(since "$t")
+    grep -E '^(nodes|brokers|messages|UPCHECK):? ' "$LOGS/job_upcheck.log" | sed 's/^/    /'
+    if ((job_rc == 0)) && grep -q '^UPCHECK OK' "$LOGS/job_upcheck.log"; then
+        pass "job with token" \
+            "$HOW: brokers on $HEAD_IP and $WORKER_IP, 100 messages across in order ($job_s s)"
     else
-        fail "demo job" "exit status $demo_rc ($demo_s s)"
-        tail_log "$LOGS/job_demo.log" 60
+        fail "job with token" "$HOW: exit status $job_rc ($job_s s)"
+        tail_log "$LOGS/job_upcheck.log"
+    fi
+
+    # --- 8. The demo as a job (optional) --------------------------------------------------------
+    if ((DEMO)); then
+        note "$HOW: raybroker demo --orders $ORDERS"
+        t=$(now_ms)
+        submit 900 "$LOGS/job_demo.log" "$VENV/bin/raybroker" demo --orders "$ORDERS"
+        demo_rc=$?
+        demo_s=$(since "$t")
+        # its summary: from the reconciliation on, without Ray's own lines
+        sed -e 's/\x1b\[[0-9;]*m//g' -n -e '/reading every broker/,$p' "$LOGS/job_demo.log" |
+            grep -v -E '^\(|^\[|^[0-9]{4}-|^Job |^-+$|^$' | sed 's/^/    /' | head -40
+        if ((demo_rc == 0)); then
+            pass "demo job" "raybroker demo --orders $ORDERS ($demo_s s)"
+        else
+            fail "demo job" "exit status $demo_rc ($demo_s s)"
+            tail_log "$LOGS/job_demo.log" 60
+        fi
     fi
 fi
 
@@ -397,7 +426,7 @@ for label in none wrong; do
     # refused for its token, not for anything else: the GCS said so
     if ((rc == 0)) && grep -q '^REFUSED ConnectionError' "$LOGS/driver_$label.log" &&
         grep -q 'Unauthenticated.*InvalidAuthToken' "$LOGS/driver_$label.log"; then
-        pass "$what" "ray.init raised ConnectionError, the GCS answered Unauthenticated: InvalidAuthToken"
+        pass "$what" "ray.init raised ConnectionError; the GCS: Unauthenticated, InvalidAuthToken"
     else
         fail "$what" "ray.init was not refused with ConnectionError"
         tail_log "$LOGS/driver_$label.log" 20
@@ -405,7 +434,13 @@ for label in none wrong; do
 done
 
 # --- 10. ray down, and nothing of Ray left ------------------------------------------------------
-note "ray down"
+# Ray's processes in this PID namespace (ps sees no other): its binaries and Python modules live
+# under site-packages/ray/, its workers are named ray::...
+ray_procs() {
+    ps -e -o pid=,args= | grep -E 'site-packages/ray/|ray::|raylet|gcs_server' | grep -v 'grep -E'
+}
+before=$(ray_procs | wc -l)
+note "ray down ($before Ray processes running)"
 t=$(now_ms)
 if ray down -y "$CONFIG" >"$LOGS/ray_down.log" 2>&1; then
     pass "ray down" "$(since "$t") s"
@@ -414,13 +449,13 @@ else
     tail_log "$LOGS/ray_down.log"
 fi
 kill "$(cat "$WORK/ssh/sshd.pid")" 2>/dev/null
-# Ray processes in this PID namespace (ps sees no other); poll a little: `ray stop` returns
-# once it has signalled them.
-ray_left() { ps -e -o pid=,args= | grep -E 'raylet|gcs_server|ray::|ray/dashboard|ray/autoscaler|default_worker|log_monitor|runtime_env' | grep -v grep; }
-t=$(date +%s)
-while left=$(ray_left) && (($(date +%s) - t < 30)); do sleep 0.5; done
-if [[ -z "$left" ]]; then
-    pass "nothing left" "no Ray process in the namespace"
+# `ray stop` returns once it has signalled them: give them a little while to go
+t=$(now_ms)
+while left=$(ray_procs) && (($(now_ms) - t < 30000)); do sleep 0.5; done
+if ((before == 0)); then
+    fail "nothing left" "no Ray process was found even before ray down: the check sees nothing"
+elif [[ -z "$left" ]]; then
+    pass "nothing left" "$before Ray processes before ray down, none after"
 else
     fail "nothing left" "still running: $(echo "$left" | cut -c1-120 | tr '\n' ';')"
 fi
