@@ -40,9 +40,11 @@ class Deployment:
         for rs in self.router_sets.values():
             rs.stop(delete_stores)
         for b in self.brokers.values():
+            if _running(b.name) is None:  # stopped already (its store, if any, stays)
+                continue
             try:
                 b.stop(delete_store=delete_stores)
-            except BrokerUnavailable:  # stopped already (its store, if any, stays)
+            except BrokerUnavailable:  # died just now
                 continue
 
 
