@@ -22,6 +22,8 @@ from .conftest import define_orders, wait_until
 pytestmark = pytest.mark.slow
 
 SEND = {"from_service": "Orders", "to_service": "Fulfilment", "contract": "OrderContract"}
+# the columns of `orders_frame` an ingest reads: one dialog per customer, its rows by ts
+ORDER_COLUMNS = {"message_type": "Order", "body": "order", "key": "customer", "order": "ts"}
 
 
 def orders_frame(spark, rows: int, keys: int):
@@ -63,10 +65,7 @@ def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_b
         df,
         orders_broker,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         progress=False,
     )
 
@@ -88,10 +87,7 @@ def test_reconciliation_is_clean_then_reports_an_injected_drop_and_double(spark,
         df,
         orders_broker,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         progress=False,
     )
     drain(orders_broker)
@@ -131,10 +127,7 @@ def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broke
         df,
         orders_broker,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         ingest_id="rerun-1",
         progress=False,
     )
@@ -143,10 +136,7 @@ def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broke
         df,
         orders_broker,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         ingest_id="rerun-1",
         batch_rows=333,
         progress=False,
@@ -176,10 +166,7 @@ def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, or
             df,
             orders_broker,
             **SEND,
-            message_type="Order",
-            body="order",
-            key="customer",
-            order="ts",
+            **ORDER_COLUMNS,
             ingest_id="killed-1",
             batch_rows=500,
             progress=kill_first_sender,
@@ -188,10 +175,7 @@ def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, or
         df,
         orders_broker,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         ingest_id="killed-1",
         progress=False,
     )
@@ -219,10 +203,7 @@ def test_rows_failing_validation_are_listed_and_the_rest_delivered(spark, orders
         df,
         orders_broker,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         progress=False,
     )
 
@@ -300,10 +281,7 @@ def test_keys_spread_over_several_brokers_and_one_audit_covers_them(spark, make_
         df,
         brokers,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         progress=False,
     )
 
@@ -384,10 +362,7 @@ def test_an_audit_that_rolled_over_is_reported_as_such_not_as_lost_rows(spark, m
         df,
         b,
         **SEND,
-        message_type="Order",
-        body="order",
-        key="customer",
-        order="ts",
+        **ORDER_COLUMNS,
         progress=False,
     )
     for _ in range(4):  # one commit per customer

@@ -4,9 +4,8 @@ collecting sink; no Ray."""
 
 from __future__ import annotations
 
-import time
-
 from actors import Begin, LocalBroker, Queue, Send, Service
+from tests.fakes import poll
 
 
 class Collected:
@@ -23,13 +22,9 @@ class Collected:
         self.snapshots.append(snapshot)
 
 
-def latest(sink: Collected, check, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sink.snapshots and check(sink.snapshots[-1]):
-            return sink.snapshots[-1]
-        time.sleep(0.05)
-    raise AssertionError(f"no snapshot matched; last: {sink.snapshots[-1:]}")
+def latest(sink: Collected, check) -> dict:
+    """The newest snapshot once one satisfies `check` (polled with a deadline)."""
+    return poll(lambda: sink.snapshots and check(sink.snapshots[-1]) and sink.snapshots[-1])
 
 
 def test_the_sink_sees_counts_depths_and_call_times():
