@@ -71,6 +71,10 @@ class QueueIndex:
     def is_ready(self, group: int) -> bool:
         return group in self._key
 
+    def ready_count(self) -> int:
+        """How many groups a receive could lock now."""
+        return len(self._key)
+
 
 class Turn:
     """One RECEIVE call. However many groups it locked, rolling them back (by rollback, lease
@@ -99,6 +103,8 @@ class Lock:
     received_at: float
     turn: Turn = field(default_factory=Turn)
     audit: list[Any] = field(default_factory=list)
+    # committed in a group commit still open: released when it commits, no longer settleable
+    settled: bool = False
 
 
 class LockTable:

@@ -29,12 +29,14 @@ from .errors import (
     InvalidDefinition,
     ReaderRetired,
     StoreError,
-    UnknownBroker,
 )
+from .groupcommit import GroupCommit
 from .metrics import SAMPLE_EVERY_S, MetricsSink
 from .ordering import Order, Sequencer
+from .routeverbs import RouteVerbs
 from .store import Store
 from .transport import Outbound, Peers
+from .viewverbs import ViewVerbs
 
 log = logging.getLogger("raybroker")
 
@@ -49,9 +51,11 @@ CLIENT_VERBS = frozenset(
     {
         "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
         "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
-        "view", "info",
+        "view", "info", "wait_ready",
     }
 )  # fmt: skip
+# What a client's coalesced batch (`calls`) may hold: the verbs that never wait there.
+BATCH_VERBS = frozenset({"apply", "settle", "receive"})
 
 
 def check_name_and_path(name: Any, path: Any) -> None:
@@ -65,7 +69,7 @@ def check_name_and_path(name: Any, path: Any) -> None:
         )
 
 
-class BrokerService:
+class BrokerService(RouteVerbs, ViewVerbs):
     """One broker and its runtime. Construct it on the event loop it will run on."""
 
     def __init__(
@@ -95,6 +99,7 @@ class BrokerService:
             raise
         self.core.notify = self._wake
         self.core.on_event = self._surface
+        self.commits = GroupCommit(self.core.uow, self._committed)
         self.peers = peers
         self.courier = self.core.transport.courier(peers) if peers is not None else None
         self.pools = ReaderPools(self, self.core.limits, launcher)
@@ -242,58 +247,47 @@ class BrokerService:
     def reader_port(self) -> InternalPort:
         return InternalPort(self)
 
-    # --- routes ----------------------------------------------------------------------------------
-
-    def check_brokers(self, record: Any, route: Any) -> list[str]:
-        """Warnings for a route to a broker that is not running: the route is made all the same
-        (brokers may start in any order) and its messages wait until that broker starts. A
-        broker without peers (in process) reaches no other broker: such a route is refused."""
-        warnings: list[str] = []
-        if not isinstance(record, Mapping):
-            return warnings  # the core refuses it, with the reason
-        for key in ("address", "mirror_address"):
-            address = record.get(key)
-            if isinstance(address, str) and address.lower().startswith("ray://"):
-                name = address[len("ray://") :]
-                if name == self.name or self.broker_exists(name):
-                    continue
-                if self.peers is None:
-                    raise UnknownBroker(
-                        name,
-                        f"{self.name!r} runs in process without peers and reaches no other "
-                        "broker; route to LOCAL, or run the brokers on Ray",
-                    )
-                warnings.append(
-                    f"route {route!r}: broker {name!r} is not running yet; "
-                    "messages routed to it wait in the transmission queue and go when it starts"
-                )
-        return warnings
-
-    def broker_exists(self, name: str) -> bool:
-        """Whether another broker of that name runs (an in-process broker knows none)."""
-        return False
-
-    async def create_route(self, table: str, record: dict[str, Any], request_id: str) -> list:
-        ahead = self.check_brokers(record, record.get("name") if isinstance(record, dict) else "")
-        warnings = self.core.create_route(table, record, request_id)
-        self._send_poke.set()  # delayed dialogs may now have a way
-        return [*warnings, *ahead]
-
-    async def alter_route(
-        self, table: str, name: str, changes: dict[str, Any], request_id: str
-    ) -> list:
-        ahead = self.check_brokers(changes, name)
-        warnings = self.core.alter_route(table, name, changes, request_id)
-        self._send_poke.set()
-        return [*warnings, *ahead]
-
-    async def drop_route(self, table: str, name: str, request_id: str) -> None:
-        self.core.drop_route(table, name, request_id)
-
-    async def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
-        return self.core.configure(forwarding)
-
     # --- verbs (each one core call, one transaction) --------------------------------------------
+
+    async def calls(self, order: Order, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
+        """A client's coalesced calls (see actors.coalesce): each (method, args) of
+        `BATCH_VERBS`, started in the order given, their changes group-committed; returns one
+        (ok, result or error) per call, so each caller gets its own answer. A receive here
+        does not wait: the client waits through `wait_ready`."""
+        if not isinstance(batch, list | tuple):
+            raise InvalidArgument(f"a batch of calls must be a list, not {type(batch).__name__}")
+        await self._order.turn(order)
+        return await asyncio.gather(*(self._one_of_batch(c) for c in batch))
+
+    async def _one_of_batch(self, entry: Any) -> tuple[bool, Any]:
+        try:
+            if not (isinstance(entry, list | tuple) and len(entry) == 2):
+                raise InvalidArgument(f"a batched call must be (method, args), not {entry!r}")
+            method, args = entry
+            if type(method) is not str or method not in BATCH_VERBS:
+                raise InvalidArgument(
+                    f"{method!r} cannot be batched; batch one of {sorted(BATCH_VERBS)}"
+                )
+            if not isinstance(args, list | tuple):
+                raise InvalidArgument(f"the arguments of a batched {method} must be a list")
+            if method == "receive":
+                args = (args[0], 0.0, *args[2:])
+            return True, await self.verb(method, *args)
+        except Exception as exc:  # this caller's error; the batch's other calls go on
+            return False, exc
+
+    async def wait_ready(self, queue: str, timeout: float) -> int:
+        """Wait up to `timeout` seconds until `queue` has a conversation group a receive could
+        lock; return how many it has (0: none came). How a client's waiting receives wait
+        without a call each (see actors.coalesce)."""
+        timeout = checks.seconds("timeout", timeout, zero=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self.core.ready_groups(queue)
+            left = deadline - time.monotonic()
+            if ready or left <= 0:
+                return ready
+            await self._wait(queue, left)
 
     async def call(self, order: Order, method: str, *args: Any) -> Any:
         """A client handle's call: `method(*args)`, started once the client's earlier calls have
@@ -337,12 +331,15 @@ class BrokerService:
 
     async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
         unpacked = unpack_ops(ops)
-        result = self.core.apply(unpacked, request_id)
-        self._failpoint("exit_after_commit")
+        result = await self.commits.submit(lambda: self.core.apply(unpacked, request_id))
         if any(isinstance(op, Begin | Timer) for op in unpacked):
             self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
-        self._sent_something()
         return result
+
+    def _committed(self) -> None:
+        """After each group commit, before any caller of it is answered."""
+        self._failpoint("exit_after_commit")
+        self._sent_something()
 
     async def receive(
         self,
@@ -376,24 +373,36 @@ class BrokerService:
         reader: str | None,
     ) -> list[ReceivedGroup]:
         wait = checks.seconds("wait", wait, zero=True)
-        if settle is not None:
-            try:
-                self.settle_groups(*settle)
-            except BrokerError as exc:
-                exc.during = "settle"  # the caller learns which half of the call failed
-                raise
-        deadline = time.monotonic() + wait
-        while True:
+        took = False
+
+        def take() -> list[ReceivedGroup]:
+            nonlocal took
+            took = True
             if reader is not None and not self.pools.wants(queue, reader):
                 # checked on every pass: a reader retired while it waited takes nothing more
                 raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
             groups = self.core.receive(queue, owner=owner_id, **options)
+            if groups and options.get("lease_s"):
+                self._poke.set()
+            return groups
+
+        settling = None if settle is None else (lambda: self.core.settle(*settle))
+        deadline = time.monotonic() + wait
+        try:  # the settle part commits with the group; the take follows the commit
+            groups = await self.commits.submit(settling, take)
+        except BrokerError as exc:
+            if settle is not None and not took:
+                exc.during = "settle"  # the caller learns which half of the call failed
+            raise
+        # A settle's answer is not held behind a wait: with nothing to take, the caller hears
+        # at once that its commit is done, and waits in its next call.
+        while not groups and settle is None:
             left = deadline - time.monotonic()
-            if groups or left <= 0:
-                if groups and options.get("lease_s"):
-                    self._poke.set()
-                return groups
+            if left <= 0:
+                break
             await self._wait(queue, left)
+            groups = take()
+        return groups
 
     async def get_conversation_group(
         self,
@@ -412,7 +421,7 @@ class BrokerService:
                 return found
             await self._wait(queue, left)
 
-    def settle_groups(
+    async def settle_groups(
         self,
         commit: list[str],
         rollback: list[str],
@@ -420,12 +429,11 @@ class BrokerService:
         states: Mapping[str, bytes | None],
         request_id: str | None,
     ) -> dict[str, Any]:
-        """The one settle path: every caller (clients, receive's settle part, internal readers)
-        commits and rolls back through here."""
-        result = self.core.settle(commit, rollback, ops, states, request_id)
-        self._failpoint("exit_after_commit")
-        self._sent_something()
-        return result
+        """Commit / roll back, in the next group commit: every caller (clients, receive's
+        settle part, internal readers) settles through here."""
+        return await self.commits.submit(
+            lambda: self.core.settle(commit, rollback, ops, states, request_id)
+        )
 
     async def settle(
         self,
@@ -435,7 +443,7 @@ class BrokerService:
         states: dict[str, bytes | None],
         request_id: str,
     ) -> dict[str, Any]:
-        return self.settle_groups(commit, rollback, unpack_ops(ops), states, request_id)
+        return await self.settle_groups(commit, rollback, unpack_ops(ops), states, request_id)
 
     async def move_conversation(self, handle: str, group_id: str) -> None:
         self.core.move_conversation(handle, group_id)
@@ -455,45 +463,3 @@ class BrokerService:
     async def reader_actors(self, queue: str) -> list[Any]:
         """The running pool readers of a queue (for fault-injection tests and `verify`)."""
         return self.pools.reader_handles(queue)
-
-    # --- views -----------------------------------------------------------------------------------
-
-    def metrics_snapshot(self) -> dict[str, Any]:
-        """What the metrics sink is handed each second (see actors.metrics)."""
-        from .ddr.router import stats  # routing services count in this process
-
-        routers = {s: stats(s) for s in self.core.state.catalog.services}
-        return {
-            "counts": self.core.state.counts.as_dict(),
-            "queues": self._queues_view(),
-            "transmission": self.core.store.transmission_depth(),
-            "routers": {s: c for s, c in routers.items() if any(c.values())},
-        }
-
-    def _queues_view(self) -> dict[str, dict[str, Any]]:
-        out = self.core.queues_view()
-        for name, row in out.items():
-            row["readers"] = self.pools.readers(name)
-        return out
-
-    async def view(self, name: str, kwargs: dict[str, Any]) -> Any:
-        views = {
-            "definitions": self.core.definitions,
-            "endpoints": self.core.endpoints_view,
-            "queue": self.core.queue_view,
-            "queues": self._queues_view,
-            "groups": self.core.groups_view,
-            "routes": self.core.routes_view,
-            "transmission_queue": self.core.transmission_view,
-            "events": self.core.events_view,
-            "audit": self.core.audit,
-            "router": self._router_view,
-        }
-        if name not in views:
-            raise InvalidArgument(f"unknown view {name!r}; use one of {sorted(views)}")
-        return views[name](**kwargs)
-
-    def _router_view(self, queue: str, service: str) -> dict[str, Any]:
-        from .ddr.views import router  # only router replicas use it
-
-        return router(service, self.core.groups_view(queue))

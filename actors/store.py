@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from .checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from .errors import InvalidArgument, StoreError
 from .storefile import Connection, check_file, lock, reason
 
@@ -105,7 +106,8 @@ class Store:
             )
             self.db.path = path
             if path != ":memory:":
-                self.db.execute("PRAGMA journal_mode=WAL")
+                for pragma in ("journal_mode=WAL", *CHECKPOINT_PRAGMAS):
+                    self.db.execute(f"PRAGMA {pragma}")
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.execute("PRAGMA cache_size=-65536")  # 64 MiB: receive reads what send wrote
@@ -116,6 +118,8 @@ class Store:
                 (str(uuid.uuid4()),),
             )
             self.broker_id: str = self.get_meta("broker_id") or ""
+            if path != ":memory:":
+                self._checkpointer = Checkpointer(path, durability)
         except (StoreError, sqlite3.Error) as exc:
             self.close()
             why = exc.reason if isinstance(exc, StoreError) else reason(exc)
@@ -124,6 +128,10 @@ class Store:
 
     def close(self) -> None:
         """Close the file and release it to the next broker (idempotent)."""
+        checkpointer = getattr(self, "_checkpointer", None)
+        if checkpointer is not None:
+            checkpointer.stop()
+            self._checkpointer = None
         db = getattr(self, "db", None)
         if db is not None:
             db.close()
@@ -146,6 +154,26 @@ class Store:
             raise
         finally:
             self._in_tx = False
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """One unit in the open transaction (a group commit's caller): if the block raises, only
+        its writes are undone. If SQLite dropped the whole transaction (some I/O errors do),
+        `in_tx_lost` says so: the group fails as a whole."""
+        self.db.execute("SAVEPOINT unit")
+        try:
+            yield
+        except BaseException:
+            if self.db.in_transaction:
+                with contextlib.suppress(StoreError):
+                    self.db.execute("ROLLBACK TO unit")
+                    self.db.execute("RELEASE unit")
+            raise
+        self.db.execute("RELEASE unit")
+
+    @property
+    def in_tx_lost(self) -> bool:
+        return self._in_tx and not self.db.in_transaction
 
     def _roll_back(self) -> None:
         # After some I/O errors SQLite has already rolled the transaction back itself.
@@ -217,6 +245,14 @@ class Store:
             f"INSERT OR REPLACE INTO endpoints ({ENDPOINT_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
+        )
+
+    def update_endpoints(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Stored endpoints' rows: only the columns that change after BEGIN DIALOG (no index)."""
+        self.db.executemany(
+            "UPDATE endpoints SET group_no=?, state=?, send_seq=?, recv_seq=?, expires_at=?, "
+            "timer_at=?, far_broker=?, closed_at=? WHERE no=?",
+            ((*r[7:15], r[0]) for r in rows),
         )
 
     def delete_endpoints(self, nos: Iterable[int]) -> None:
@@ -451,16 +487,13 @@ class Store:
         )
 
     def request_result(self, request_id: str) -> bytes | None:
-        row = self.db.execute(
-            "SELECT result FROM requests WHERE request_id=?", (request_id,)
-        ).fetchone()
+        q = "SELECT result FROM requests WHERE request_id=?"
+        row = self.db.execute(q, (request_id,)).fetchone()
         return row[0] if row else None
 
     def put_request(self, request_id: str, at: float, result: bytes) -> None:
-        self.db.execute(
-            "INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)",
-            (request_id, at, result),
-        )
+        q = "INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)"
+        self.db.execute(q, (request_id, at, result))
 
     def prune_requests(self, before: float) -> None:
         self.db.execute("DELETE FROM requests WHERE at < ?", (before,))

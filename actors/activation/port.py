@@ -39,4 +39,4 @@ class InternalPort:
         ops: list[Any],
         states: dict[str, bytes | None],
     ) -> Any:
-        return self.service.settle_groups(commit, rollback, ops, states, None)
+        return await self.service.settle_groups(commit, rollback, ops, states, None)

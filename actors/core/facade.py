@@ -106,6 +106,12 @@ class BrokerCore:
 
     # --- views -----------------------------------------------------------------------------------
 
+    def ready_groups(self, queue: str) -> int:
+        """How many conversation groups of `queue` have messages and no lock (receivable now)."""
+        self.state.catalog.queue(queue)  # an unknown queue is refused
+        idx = self.state.queues.get(queue)
+        return idx.ready_count() if idx else 0
+
     def depth(self, queue: str) -> tuple[int, int]:
         """(messages waiting or locked on a queue, messages removed from it so far)."""
         idx = self.state.queues.get(queue)

@@ -118,6 +118,8 @@ class Receiving(Part):
         locks, missing = [], []
         for lid in lock_ids:
             lock = self.state.locks.get(lid) if isinstance(lid, str) else None
+            if lock is not None and lock.settled:
+                lock = None  # committed by an earlier caller of the same group commit
             (locks if lock else missing).append(lock or lid)
         if missing:
             raise LockNotHeld(
@@ -176,6 +178,8 @@ class Receiving(Part):
         def fn(w: Changes) -> dict[str, Any]:
             records = []
             for lk in committing:
+                lk.settled = True
+                w.undo.append(lambda lk=lk: setattr(lk, "settled", False))
                 retain = st.catalog.queue(lk.queue).retention
                 if lk.count:
                     self.store.remove_received(lk.group, lk.first_id, lk.last_id, retain)

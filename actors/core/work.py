@@ -10,9 +10,9 @@ nothing twice.
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -78,7 +78,9 @@ class Changes:
     def touch(self, ep: Endpoint) -> Endpoint:
         """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
         if ep.no not in self.touched and ep.no not in self.new_nos:
-            self.touched[ep.no] = copy.copy(ep)
+            snap = object.__new__(Endpoint)  # copy.copy, without its generic (slow) protocol
+            snap.__dict__.update(ep.__dict__)
+            self.touched[ep.no] = snap
         return ep
 
     def event(self, kind: str, subject: str, detail: str) -> None:
@@ -96,18 +98,21 @@ class UnitOfWork:
         # Hooks the runtime sets: wake receivers waiting on a queue; surface an event.
         self.notify: Callable[[str], None] = lambda queue: None
         self.on_event: Callable[[str, str, str], None] = lambda kind, subject, detail: None
+        self._group: list[Changes] | None = None  # units run so far in an open group commit
 
     def run(self, fn: Callable[[Changes], T], request_id: str | None = None) -> T:
         """Run `fn` in one transaction; on any error undo everything it did. With a
-        `request_id`, a call already applied under it answers as it did then."""
+        `request_id`, a call already applied under it answers as it did then. Inside `group`,
+        the transaction is the group's and `fn` gets a savepoint of its own."""
         verb = fn.__qualname__.split(".<locals>")[0]  # e.g. "Admin.create": the call
         if request_id is not None:
             done = self.done(request_id)
             if done is not None:  # a retry of a call that already committed
                 return self._recorded(request_id, verb, done)
         w = Changes(now=self.clock())
+        grouped = self._group is not None
         try:
-            with self.store.tx():
+            with self.store.savepoint() if grouped else self.store.tx():
                 result = fn(w)
                 self._write(w)
                 if request_id is not None:
@@ -115,8 +120,36 @@ class UnitOfWork:
         except BaseException:
             self._undo(w)
             raise
-        self._apply(w)
+        if self._group is not None:
+            self._group.append(w)  # its indexes change once the group has committed
+        else:
+            self._apply(w)
         return result
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Group commit: the units run inside share one transaction, each on a savepoint of its
+        own (one that fails is undone alone). Their in-memory changes that wait for a commit
+        (ready groups, released locks, woken receivers) are applied once the group commits; if
+        the commit fails, every unit's changes are undone and the error raised."""
+        assert self._group is None, "group commits do not nest"
+        self._group = done = []
+        try:
+            with self.store.tx():
+                yield
+        except BaseException:
+            for w in reversed(done):
+                self._undo(w)
+            raise
+        finally:
+            self._group = None
+        for w in done:
+            self._apply(w)
+
+    @property
+    def tx_lost(self) -> bool:
+        """Whether SQLite dropped the group's transaction (after a fault): the group must end."""
+        return self.store.in_tx_lost
 
     @staticmethod
     def _recorded(request_id: str, verb: str, blob: bytes) -> Any:
@@ -160,10 +193,12 @@ class UnitOfWork:
         if w.new_groups:
             store.insert_groups((g.no, g.group_id, g.queue) for g in w.new_groups)
         dead = {ep.no for ep in w.dead_endpoints}
-        changed = [ep for ep in w.new_endpoints if ep.no not in dead]
-        changed += [st.endpoints[no] for no in w.touched if no not in dead and no in st.endpoints]
+        born = [ep.row() for ep in w.new_endpoints if ep.no not in dead]
+        if born:
+            store.upsert_endpoints(born)
+        changed = [st.endpoints[no] for no in w.touched if no not in dead and no in st.endpoints]
         if changed:
-            store.upsert_endpoints(ep.row() for ep in changed)
+            store.update_endpoints(ep.row() for ep in changed)
         if dead:
             store.delete_endpoints(dead)
             self._drop_emptied_groups(w)

@@ -13,11 +13,14 @@ import asyncio
 import contextlib
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import ray
 
+from ..coalesce import Coalescer
+from ..envelope import pack_received
 from ..errors import BrokerError, BrokerUnavailable
 from ..ordering import Issuer
 from ..verbs import Verbs
@@ -25,6 +28,8 @@ from ..verbs import Verbs
 DEFAULT_NAMESPACE = "raybroker"
 STOP_WAIT_S = 30.0  # how long `stop` waits for Ray to release a killed broker's name
 _TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+BATCH_VERBS = frozenset({"apply", "settle", "receive"})  # the broker's BATCH_VERBS
+_nothing = pack_received([])  # a receive's answer when it took nothing
 
 
 _token: tuple[str, ray.ObjectRef] | None = None  # (worker id, a token object it owns)
@@ -56,11 +61,14 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
 
 
 class _Call:
-    """One verb call to the broker actor through Ray: numbered in its handle's order, retried
-    with the same number (and request id) while the broker restarts, until `retry_s` is up."""
+    """One call to the broker actor through Ray: numbered in its handle's order, retried with
+    the same number (and request id) while the broker restarts, until `retry_s` is up. A verb
+    goes through the actor's `call`; a coalesced batch through `calls`."""
 
-    def __init__(self, broker: Broker, method: str, args: tuple[Any, ...]) -> None:
-        self.broker, self.method, self.args = broker, method, args
+    def __init__(
+        self, broker: Broker, method: str, args: tuple[Any, ...], batch: bool = False
+    ) -> None:
+        self.broker, self.method, self.args, self.batch = broker, method, args, batch
         self.seq = broker.issuer.issue()
         self.ref: ray.ObjectRef | None = None  # set while Ray may still run the call
         self.deadline = time.monotonic() + broker.retry_s
@@ -68,7 +76,11 @@ class _Call:
 
     def submit(self) -> ray.ObjectRef:
         b = self.broker
-        self.ref = b.actor.call.remote(b.issuer.order(self.seq), self.method, *self.args)
+        order = b.issuer.order(self.seq)
+        if self.batch:
+            self.ref = b.actor.calls.remote(order, *self.args)
+        else:
+            self.ref = b.actor.call.remote(order, self.method, *self.args)
         return self.ref
 
     def answer(self, result: Any, post: Callable[[Any], Any] | None) -> Any:
@@ -168,17 +180,42 @@ def stop_broker(name: str, namespace: str = DEFAULT_NAMESPACE, delete_store: boo
 
 
 class AsyncBroker(Verbs):
-    """The same verbs as `Broker`, as coroutines (for async actors and asyncio drivers)."""
+    """The same verbs as `Broker`, as coroutines (for async actors and asyncio drivers).
+    Concurrent apply / settle / receive calls on one event loop travel to the broker together
+    (actors.coalesce)."""
 
     def __init__(self, sync: Broker) -> None:
         self._sync = sync
         self.name = sync.name
+        self._coalescers: weakref.WeakKeyDictionary[Any, Coalescer] = weakref.WeakKeyDictionary()
 
     def _owner(self) -> tuple[str, Any] | None:
         return lock_holder()
 
+    def _coalescer(self) -> Coalescer:
+        loop = asyncio.get_running_loop()  # futures belong to one loop: one coalescer each
+        coalescer = self._coalescers.get(loop)
+        if coalescer is None:
+            coalescer = self._coalescers[loop] = Coalescer(self._send_batch, self._wait_ready)
+        return coalescer
+
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        call = _Call(self._sync, method, args)  # one order for the handle, sync and async alike
+        if method not in BATCH_VERBS:
+            return await self._direct(_Call(self._sync, method, args), post)
+        if method == "receive":
+            result = await self._coalescer().receive(args, args[1], _nothing.__eq__)
+        else:
+            result = await self._coalescer().call(method, args)
+        return post(result) if post else result
+
+    async def _send_batch(self, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
+        return await self._direct(_Call(self._sync, "calls", (batch,), batch=True), None)
+
+    async def _wait_ready(self, queue: str, timeout: float) -> int:
+        return await self._direct(_Call(self._sync, "wait_ready", (queue, timeout)), None)
+
+    async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
+        """One actor call (one order for the handle, sync and async alike)."""
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
