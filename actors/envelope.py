@@ -325,6 +325,9 @@ def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
     )
 
 
+NOTHING_RECEIVED = pack_received([])  # the answer of a receive that took nothing
+
+
 def unpack_received(blob: bytes) -> list[ReceivedGroup]:
     out = []
     for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):

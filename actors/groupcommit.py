@@ -17,6 +17,8 @@ touches the store while a group is open.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -27,10 +29,12 @@ Change = Callable[[], Any]
 
 
 class _Waiting:
-    __slots__ = ("change", "take", "future")
+    __slots__ = ("change", "take", "tag", "future")
 
-    def __init__(self, change: Change | None, take: Change | None, future: asyncio.Future) -> None:
-        self.change, self.take, self.future = change, take, future
+    def __init__(
+        self, change: Change | None, take: Change | None, tag: str | None, future: asyncio.Future
+    ) -> None:
+        self.change, self.take, self.tag, self.future = change, take, tag, future
 
 
 class GroupCommit:
@@ -43,15 +47,24 @@ class GroupCommit:
         self.groups = 0  # groups committed (for tests and the metrics)
         self.changes = 0  # changes committed in them
 
-    async def submit(self, change: Change | None, take: Change | None = None) -> Any:
+    async def submit(
+        self, change: Change | None, take: Change | None = None, tag: str | None = None
+    ) -> Any:
         """Run `change` in the next group commit (then `take`, if the change succeeded) and
         return the take's result, or else the change's; raise the caller's own error."""
+        return await self.enqueue(change, take, tag)
+
+    def enqueue(
+        self, change: Change | None, take: Change | None = None, tag: str | None = None
+    ) -> asyncio.Future:
+        """`submit` without a coroutine: the answer's future. `tag`: set as the error's
+        `during` when the change (not the take) fails."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush)
-        self._queued.append(_Waiting(change, take, future))
-        return await future
+        self._queued.append(_Waiting(change, take, tag, future))
+        return future
 
     def _flush(self) -> None:
         batch, self._queued = self._queued, []
@@ -59,6 +72,10 @@ class GroupCommit:
         for w, (ok, value) in zip(batch, outcomes, strict=True):
             if ok and w.take is not None:
                 ok, value = _attempt(w.take)
+            elif not ok and w.tag is not None:
+                with contextlib.suppress(Exception):  # a failed commit's error is everyone's
+                    value = copy.copy(value)
+                value.during = w.tag  # the caller learns which half of its call failed
             if w.future.cancelled():
                 continue  # the caller stopped waiting; what committed stays committed
             if ok:

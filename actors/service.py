@@ -20,11 +20,11 @@ from typing import Any
 from . import checks
 from .activation import ReaderLauncher, ReaderPools
 from .activation.port import InternalPort
+from .batchverbs import BatchVerbs
 from .catalog import Queue, check_name, from_record
 from .core import BrokerCore, Limits
-from .envelope import Begin, Op, ReceivedGroup, Timer, pack_received, unpack_ops
+from .envelope import NOTHING_RECEIVED, Begin, Op, ReceivedGroup, Timer, pack_received, unpack_ops
 from .errors import (
-    BrokerError,
     InvalidArgument,
     InvalidDefinition,
     ReaderRetired,
@@ -54,8 +54,6 @@ CLIENT_VERBS = frozenset(
         "view", "info", "wait_ready",
     }
 )  # fmt: skip
-# What a client's coalesced batch (`calls`) may hold: the verbs that never wait there.
-BATCH_VERBS = frozenset({"apply", "settle", "receive"})
 
 
 def check_name_and_path(name: Any, path: Any) -> None:
@@ -69,7 +67,7 @@ def check_name_and_path(name: Any, path: Any) -> None:
         )
 
 
-class BrokerService(RouteVerbs, ViewVerbs):
+class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
     """One broker and its runtime. Construct it on the event loop it will run on."""
 
     def __init__(
@@ -249,46 +247,6 @@ class BrokerService(RouteVerbs, ViewVerbs):
 
     # --- verbs (each one core call, one transaction) --------------------------------------------
 
-    async def calls(self, order: Order, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
-        """A client's coalesced calls (see actors.coalesce): each (method, args) of
-        `BATCH_VERBS`, started in the order given, their changes group-committed; returns one
-        (ok, result or error) per call, so each caller gets its own answer. A receive here
-        does not wait: the client waits through `wait_ready`."""
-        if not isinstance(batch, list | tuple):
-            raise InvalidArgument(f"a batch of calls must be a list, not {type(batch).__name__}")
-        await self._order.turn(order)
-        return await asyncio.gather(*(self._one_of_batch(c) for c in batch))
-
-    async def _one_of_batch(self, entry: Any) -> tuple[bool, Any]:
-        try:
-            if not (isinstance(entry, list | tuple) and len(entry) == 2):
-                raise InvalidArgument(f"a batched call must be (method, args), not {entry!r}")
-            method, args = entry
-            if type(method) is not str or method not in BATCH_VERBS:
-                raise InvalidArgument(
-                    f"{method!r} cannot be batched; batch one of {sorted(BATCH_VERBS)}"
-                )
-            if not isinstance(args, list | tuple):
-                raise InvalidArgument(f"the arguments of a batched {method} must be a list")
-            if method == "receive":
-                args = (args[0], 0.0, *args[2:])
-            return True, await self.verb(method, *args)
-        except Exception as exc:  # this caller's error; the batch's other calls go on
-            return False, exc
-
-    async def wait_ready(self, queue: str, timeout: float) -> int:
-        """Wait up to `timeout` seconds until `queue` has a conversation group a receive could
-        lock; return how many it has (0: none came). How a client's waiting receives wait
-        without a call each (see actors.coalesce)."""
-        timeout = checks.seconds("timeout", timeout, zero=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            ready = self.core.ready_groups(queue)
-            left = deadline - time.monotonic()
-            if ready or left <= 0:
-                return ready
-            await self._wait(queue, left)
-
     async def call(self, order: Order, method: str, *args: Any) -> Any:
         """A client handle's call: `method(*args)`, started once the client's earlier calls have
         started (see actors.ordering), so several in flight still apply in the order issued."""
@@ -330,11 +288,13 @@ class BrokerService(RouteVerbs, ViewVerbs):
         self.core.drop(kind, name, request_id)
 
     async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
+        return await self._start_apply(ops, request_id)
+
+    def _start_apply(self, ops: bytes, request_id: str) -> asyncio.Future:
         unpacked = unpack_ops(ops)
-        result = await self.commits.submit(lambda: self.core.apply(unpacked, request_id))
         if any(isinstance(op, Begin | Timer) for op in unpacked):
             self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
-        return result
+        return self.commits.enqueue(lambda: self.core.apply(unpacked, request_id))
 
     def _committed(self) -> None:
         """After each group commit, before any caller of it is answered."""
@@ -352,16 +312,70 @@ class BrokerService(RouteVerbs, ViewVerbs):
     ) -> bytes:
         """RECEIVE, after first settling (committing / rolling back) the caller's previous
         groups when `settle` is given: a reader's loop costs one call per turn."""
-        unpacked: Settle | None = None
+        wait = checks.seconds("wait", wait, zero=True)
+        deadline = time.monotonic() + wait
+        got = await self._start_receive(queue, options, owner, settle, reader, packed=True)
+        if got != NOTHING_RECEIVED or settle is not None or wait == 0:
+            return got
+        groups = await self._wait_and_take(queue, deadline, options, self._adopt(owner), reader)
+        if groups:
+            self._adopt(owner)
+        return pack_received(groups)
+
+    def _start_receive(
+        self,
+        queue: str,
+        options: dict[str, Any],
+        owner: tuple[str, Any] | None,
+        settle: tuple[Any, ...] | None,
+        reader: str | None,
+        packed: bool = False,
+    ) -> asyncio.Future:
+        """A receive's settle part (in the next group commit) and its first take (after it).
+        A settle's answer is not held behind a wait: with nothing to take, the caller hears at
+        once that its commit is done, and waits in its next call."""
+        owner_id = self._adopt(owner)
+        settling = None
         if settle is not None:
             commit, rollback, ops, states, request_id = settle
-            unpacked = (commit, rollback, unpack_ops(ops), states, request_id)
-        groups = await self.receive_groups(
-            queue, wait, options, self._adopt(owner), unpacked, reader
-        )
-        if groups:
-            self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
-        return pack_received(groups)
+            unpacked: Settle = (commit, rollback, unpack_ops(ops), states, request_id)
+            settling = lambda: self.core.settle(*unpacked)  # noqa: E731
+
+        def take() -> Any:
+            groups = self._take(queue, options, owner_id, reader)
+            if groups:
+                self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
+            return pack_received(groups) if packed else groups
+
+        return self.commits.enqueue(settling, take, tag="settle")
+
+    def _take(
+        self, queue: str, options: dict[str, Any], owner_id: str | None, reader: str | None
+    ) -> list[ReceivedGroup]:
+        if reader is not None and not self.pools.wants(queue, reader):
+            # checked on every pass: a reader retired while it waited takes nothing more
+            raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
+        groups = self.core.receive(queue, owner=owner_id, **options)
+        if groups and options.get("lease_s"):
+            self._poke.set()
+        return groups
+
+    async def _wait_and_take(
+        self,
+        queue: str,
+        deadline: float,
+        options: dict[str, Any],
+        owner_id: str | None,
+        reader: str | None,
+    ) -> list[ReceivedGroup]:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            await self._wait(queue, left)
+            groups = self._take(queue, options, owner_id, reader)
+            if groups:
+                return groups
 
     async def receive_groups(
         self,
@@ -372,37 +386,16 @@ class BrokerService(RouteVerbs, ViewVerbs):
         settle: Settle | None,
         reader: str | None,
     ) -> list[ReceivedGroup]:
+        """The in-process readers' receive (activation's internal readers): unpacked."""
         wait = checks.seconds("wait", wait, zero=True)
-        took = False
-
-        def take() -> list[ReceivedGroup]:
-            nonlocal took
-            took = True
-            if reader is not None and not self.pools.wants(queue, reader):
-                # checked on every pass: a reader retired while it waited takes nothing more
-                raise ReaderRetired(f"reader {reader} of queue {queue!r} is no longer wanted")
-            groups = self.core.receive(queue, owner=owner_id, **options)
-            if groups and options.get("lease_s"):
-                self._poke.set()
-            return groups
-
-        settling = None if settle is None else (lambda: self.core.settle(*settle))
         deadline = time.monotonic() + wait
-        try:  # the settle part commits with the group; the take follows the commit
-            groups = await self.commits.submit(settling, take)
-        except BrokerError as exc:
-            if settle is not None and not took:
-                exc.during = "settle"  # the caller learns which half of the call failed
-            raise
-        # A settle's answer is not held behind a wait: with nothing to take, the caller hears
-        # at once that its commit is done, and waits in its next call.
-        while not groups and settle is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            await self._wait(queue, left)
-            groups = take()
-        return groups
+        settling = None if settle is None else (lambda: self.core.settle(*settle))
+        groups = await self.commits.submit(
+            settling, lambda: self._take(queue, options, owner_id, reader), tag="settle"
+        )
+        if groups or settle is not None:
+            return groups
+        return await self._wait_and_take(queue, deadline, options, owner_id, reader)
 
     async def get_conversation_group(
         self,
@@ -431,7 +424,17 @@ class BrokerService(RouteVerbs, ViewVerbs):
     ) -> dict[str, Any]:
         """Commit / roll back, in the next group commit: every caller (clients, receive's
         settle part, internal readers) settles through here."""
-        return await self.commits.submit(
+        return await self._start_settle(commit, rollback, ops, states, request_id)
+
+    def _start_settle(
+        self,
+        commit: list[str],
+        rollback: list[str],
+        ops: Sequence[Op],
+        states: Mapping[str, bytes | None],
+        request_id: str | None,
+    ) -> asyncio.Future:
+        return self.commits.enqueue(
             lambda: self.core.settle(commit, rollback, ops, states, request_id)
         )
 
@@ -443,7 +446,7 @@ class BrokerService(RouteVerbs, ViewVerbs):
         states: dict[str, bytes | None],
         request_id: str,
     ) -> dict[str, Any]:
-        return await self.settle_groups(commit, rollback, unpack_ops(ops), states, request_id)
+        return await self._start_settle(commit, rollback, unpack_ops(ops), states, request_id)
 
     async def move_conversation(self, handle: str, group_id: str) -> None:
         self.core.move_conversation(handle, group_id)

@@ -491,9 +491,9 @@ class Store:
         row = self.db.execute(q, (request_id,)).fetchone()
         return row[0] if row else None
 
-    def put_request(self, request_id: str, at: float, result: bytes) -> None:
+    def put_requests(self, rows: Iterable[tuple[str, float, bytes]]) -> None:
         q = "INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)"
-        self.db.execute(q, (request_id, at, result))
+        self.db.executemany(q, rows)
 
     def prune_requests(self, before: float) -> None:
         self.db.execute("DELETE FROM requests WHERE at < ?", (before,))

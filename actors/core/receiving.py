@@ -158,8 +158,10 @@ class Receiving(Part):
         Committing removes the received messages (or marks them, with retention), applies `ops`
         (sends, ends, begins, timers made while holding the locks) and writes each group's state,
         all in one transaction. Rolling back returns the messages to the queue."""
-        if request_id is not None and self.uow.done(request_id) is not None:
-            return self.uow.run(lambda w: None, request_id)  # already applied: same answer
+        if request_id is not None:
+            found, result = self.uow.recorded(request_id, "Receiving.settle")
+            if found:  # already applied (its locks are gone): the same answer
+                return result
         st = self.state
         named = [*commit, *rollback]
         if len(set(named)) != len(named):
@@ -195,7 +197,7 @@ class Receiving(Part):
             w.after.append(lambda: self._count_committed(committing))
             return {**result, "committed": sum(lk.count for lk in committing)}
 
-        result = self.uow.run(fn, request_id)
+        result = self.uow.run(fn, request_id, checked=True)
         self.rollback(rolling, "rolled back")
         return result
 

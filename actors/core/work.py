@@ -88,6 +88,17 @@ class Changes:
         self.events.append(Event(self.now, kind, subject, detail))
 
 
+class _Group:
+    """An open group commit: its units, and what is written once at its end."""
+
+    __slots__ = ("units", "touched", "requests")
+
+    def __init__(self) -> None:
+        self.units: list[Changes] = []
+        self.touched: set[int] = set()  # endpoint numbers
+        self.requests: dict[str, tuple[str, float, bytes]] = {}  # request id -> its record
+
+
 class UnitOfWork:
     """Runs verbs against one broker's state and store, each in one transaction."""
 
@@ -98,52 +109,71 @@ class UnitOfWork:
         # Hooks the runtime sets: wake receivers waiting on a queue; surface an event.
         self.notify: Callable[[str], None] = lambda queue: None
         self.on_event: Callable[[str, str, str], None] = lambda kind, subject, detail: None
-        self._group: list[Changes] | None = None  # units run so far in an open group commit
+        self._group: _Group | None = None  # the open group commit, if any
 
-    def run(self, fn: Callable[[Changes], T], request_id: str | None = None) -> T:
+    def run(
+        self, fn: Callable[[Changes], T], request_id: str | None = None, checked: bool = False
+    ) -> T:
         """Run `fn` in one transaction; on any error undo everything it did. With a
-        `request_id`, a call already applied under it answers as it did then. Inside `group`,
-        the transaction is the group's and `fn` gets a savepoint of its own."""
+        `request_id`, a call already applied under it answers as it did then (`checked`: the
+        caller has looked already). Inside `group`, the transaction is the group's and `fn`
+        gets a savepoint of its own."""
         verb = fn.__qualname__.split(".<locals>")[0]  # e.g. "Admin.create": the call
-        if request_id is not None:
-            done = self.done(request_id)
-            if done is not None:  # a retry of a call that already committed
-                return self._recorded(request_id, verb, done)
+        if request_id is not None and not checked:
+            found, result = self.recorded(request_id, verb)
+            if found:  # a retry of a call that already committed
+                return result
         w = Changes(now=self.clock())
-        grouped = self._group is not None
+        g = self._group
         try:
-            with self.store.savepoint() if grouped else self.store.tx():
+            with self.store.savepoint() if g is not None else self.store.tx():
                 result = fn(w)
                 self._write(w)
                 if request_id is not None:
-                    self.store.put_request(request_id, w.now, msgpack.packb([verb, result]))
+                    record = (request_id, w.now, msgpack.packb([verb, result]))
+                    if g is None:
+                        self.store.put_requests([record])
         except BaseException:
             self._undo(w)
             raise
-        if self._group is not None:
-            self._group.append(w)  # its indexes change once the group has committed
+        if g is not None:  # its indexes change once the group has committed
+            g.units.append(w)
+            if request_id is not None:
+                g.requests[request_id] = record
         else:
             self._apply(w)
         return result
+
+    def recorded(self, request_id: str, verb: str) -> tuple[bool, Any]:
+        """(True, the answer) if a call was already applied under `request_id`."""
+        done = self.done(request_id)
+        return (False, None) if done is None else (True, self._recorded(request_id, verb, done))
 
     @contextmanager
     def group(self) -> Iterator[None]:
         """Group commit: the units run inside share one transaction, each on a savepoint of its
         own (one that fails is undone alone). Their in-memory changes that wait for a commit
         (ready groups, released locks, woken receivers) are applied once the group commits; if
-        the commit fails, every unit's changes are undone and the error raised."""
+        the commit fails, every unit's changes are undone and the error raised. Rows several
+        units rewrite (endpoints) and their request records are written once, at the end."""
         assert self._group is None, "group commits do not nest"
-        self._group = done = []
+        self._group = g = _Group()
         try:
             with self.store.tx():
                 yield
+                eps = self.state.endpoints
+                rows = [eps[no].row() for no in g.touched if no in eps]
+                if rows:
+                    self.store.update_endpoints(rows)
+                if g.requests:
+                    self.store.put_requests(g.requests.values())
         except BaseException:
-            for w in reversed(done):
+            for w in reversed(g.units):
                 self._undo(w)
             raise
         finally:
             self._group = None
-        for w in done:
+        for w in g.units:
             self._apply(w)
 
     @property
@@ -165,6 +195,8 @@ class UnitOfWork:
         """The recorded result of a call already applied under `request_id`, or None."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgument("request_id must be a non-empty string")
+        if self._group is not None and request_id in self._group.requests:
+            return self._group.requests[request_id][2]  # applied earlier in this group
         return self.store.request_result(request_id)
 
     def _undo(self, w: Changes) -> None:
@@ -196,9 +228,11 @@ class UnitOfWork:
         born = [ep.row() for ep in w.new_endpoints if ep.no not in dead]
         if born:
             store.upsert_endpoints(born)
-        changed = [st.endpoints[no] for no in w.touched if no not in dead and no in st.endpoints]
-        if changed:
-            store.update_endpoints(ep.row() for ep in changed)
+        changed = [no for no in w.touched if no not in dead and no in st.endpoints]
+        if self._group is not None:
+            self._group.touched.update(changed)  # written once, when the group ends
+        elif changed:
+            store.update_endpoints(st.endpoints[no].row() for no in changed)
         if dead:
             store.delete_endpoints(dead)
             self._drop_emptied_groups(w)

@@ -19,8 +19,9 @@ from typing import Any
 
 import ray
 
+from ..batchverbs import BATCH_VERBS
 from ..coalesce import Coalescer
-from ..envelope import pack_received
+from ..envelope import NOTHING_RECEIVED
 from ..errors import BrokerError, BrokerUnavailable
 from ..ordering import Issuer
 from ..verbs import Verbs
@@ -28,8 +29,6 @@ from ..verbs import Verbs
 DEFAULT_NAMESPACE = "raybroker"
 STOP_WAIT_S = 30.0  # how long `stop` waits for Ray to release a killed broker's name
 _TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-BATCH_VERBS = frozenset({"apply", "settle", "receive"})  # the broker's BATCH_VERBS
-_nothing = pack_received([])  # a receive's answer when it took nothing
 
 
 _token: tuple[str, ray.ObjectRef] | None = None  # (worker id, a token object it owns)
@@ -203,7 +202,7 @@ class AsyncBroker(Verbs):
         if method not in BATCH_VERBS:
             return await self._direct(_Call(self._sync, method, args), post)
         if method == "receive":
-            result = await self._coalescer().receive(args, args[1], _nothing.__eq__)
+            result = await self._coalescer().receive(args, args[1], NOTHING_RECEIVED.__eq__)
         else:
             result = await self._coalescer().call(method, args)
         return post(result) if post else result

@@ -124,7 +124,7 @@ def test_a_transaction_rolls_back_everything_when_its_block_raises(store):
         store.put_definition("queue", "Q", {"name": "Q"})
         store.insert_groups([(1, "g-1", "Q")])
         store.insert_messages([_msg(1)])
-        store.put_request("r-1", 1.0, b"result")
+        store.put_requests([("r-1", 1.0, b"result")])
         raise RuntimeError("boom")
     assert store.get_meta("k") == "before"
     assert store.load_catalog() == []
@@ -177,7 +177,7 @@ def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
         s.upsert_endpoints([_endpoint_row(1)])
         s.insert_messages([_msg(1), _msg(2, status=RECEIVED)])
         s.insert_transmission([(1, 0, "M", b"t", "There", None, "pending", 1.0)])
-        s.put_request("r-1", 1.0, b"result")
+        s.put_requests([("r-1", 1.0, b"result")])
     s.close()
 
     s = Store(path)
@@ -419,8 +419,8 @@ def test_prune_of_an_empty_table_is_harmless(store):
 
 
 def test_a_request_result_is_found_by_its_id(store):
-    store.put_request("r-1", 1.0, b"one")
-    store.put_request("r-2", 2.0, b"two")
+    store.put_requests([("r-1", 1.0, b"one")])
+    store.put_requests([("r-2", 2.0, b"two")])
     assert store.request_result("r-1") == b"one"
     assert store.request_result("r-2") == b"two"
     assert store.request_result("r-3") is None
@@ -428,6 +428,6 @@ def test_a_request_result_is_found_by_its_id(store):
 
 def test_prune_requests_forgets_only_requests_older_than_the_cutoff(store):
     for i in range(1, 5):
-        store.put_request(f"r-{i}", float(i), b"x")
+        store.put_requests([(f"r-{i}", float(i), b"x")])
     store.prune_requests(before=3.0)
     assert [store.request_result(f"r-{i}") for i in range(1, 5)] == [None, None, b"x", b"x"]

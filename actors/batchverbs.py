@@ -1,0 +1,88 @@
+"""The entry points of a client's coalesced calls (see actors.coalesce), which `BrokerService`
+inherits: a batch of apply / settle / receive calls started together, their changes in one group
+commit, each answered on its own; and `wait_ready`, which a client's waiting receives share."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import checks
+from .envelope import unpack_ops
+from .errors import InvalidArgument
+from .ordering import Order
+
+if TYPE_CHECKING:
+    from .core import BrokerCore
+    from .metrics import MetricsSink
+    from .ordering import Sequencer
+
+# What a batch may hold: the verbs that never wait there.
+BATCH_VERBS = frozenset({"apply", "settle", "receive"})
+
+
+class BatchVerbs:
+    """Batch verbs; the service supplies the rest (`_start_*`, `_wait`, `core`, ...)."""
+
+    core: BrokerCore
+    metrics: MetricsSink | None
+    _order: Sequencer
+
+    async def calls(self, order: Order, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
+        """A client's coalesced calls (see actors.coalesce): each (method, args) of
+        `BATCH_VERBS`, started in the order given, their changes group-committed; returns one
+        (ok, result or error) per call, so each caller gets its own answer. A receive here
+        does not wait: the client waits through `wait_ready`."""
+        if not isinstance(batch, list | tuple):
+            raise InvalidArgument(f"a batch of calls must be a list, not {type(batch).__name__}")
+        await self._order.turn(order)
+        started = time.perf_counter()
+        answers = [self._start_batched(entry) for entry in batch]  # all in one group commit
+        out: list[tuple[bool, Any]] = []
+        for answer in answers:
+            try:
+                out.append((True, await answer))
+            except Exception as exc:  # this caller's error; the batch's other calls go on
+                out.append((False, exc))
+        if self.metrics is not None:
+            elapsed = time.perf_counter() - started
+            for entry in batch:
+                self.metrics.observe_call(str(entry[0]), elapsed)
+        return out
+
+    def _start_batched(self, entry: Any) -> asyncio.Future:
+        try:
+            if not (isinstance(entry, list | tuple) and len(entry) == 2):
+                raise InvalidArgument(f"a batched call must be (method, args), not {entry!r}")
+            method, args = entry
+            if type(method) is not str or method not in BATCH_VERBS:
+                raise InvalidArgument(
+                    f"{method!r} cannot be batched; batch one of {sorted(BATCH_VERBS)}"
+                )
+            if not isinstance(args, list | tuple):
+                raise InvalidArgument(f"the arguments of a batched {method} must be a list")
+            if method == "apply":
+                return self._start_apply(*args)
+            if method == "settle":
+                commit, rollback, ops, states, request_id = args
+                return self._start_settle(commit, rollback, unpack_ops(ops), states, request_id)
+            queue, _wait, options, owner, settle, reader = args
+            return self._start_receive(queue, options, owner, settle, reader, packed=True)
+        except Exception as exc:
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    async def wait_ready(self, queue: str, timeout: float) -> int:
+        """Wait up to `timeout` seconds until `queue` has a conversation group a receive could
+        lock; return how many it has (0: none came). How a client's waiting receives wait
+        without a call each (see actors.coalesce)."""
+        timeout = checks.seconds("timeout", timeout, zero=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self.core.ready_groups(queue)
+            left = deadline - time.monotonic()
+            if ready or left <= 0:
+                return ready
+            await self._wait(queue, left)
