@@ -55,9 +55,14 @@ def parse(files: Files) -> Iterator[tuple[str, ast.Module]]:
 RAY_PACKAGES = ("ray", "raydp")
 
 
+DRIVER_TOOLS = ("actors/bench/", "actors/verify/")
+
+
 def ray_allowed(rel: str) -> bool:
     path = PurePosixPath(rel)
-    return rel.startswith(("actors/remote/", "spark_bridge/")) or (
+    # and the tools that drive a whole cluster (benchmarks beside Ray's own queue, the fault
+    # verifier): drivers, not the broker
+    return rel.startswith(("actors/remote/", "spark_bridge/", *DRIVER_TOOLS)) or (
         path.parent.as_posix() == "topologies" and path.name.startswith("deploy")
     )
 
@@ -117,7 +122,7 @@ def test_ray_import_check_reports_violations() -> None:
 
 # --- rule 2: the pure modules import without Ray -----------------------------------------------
 
-RAY_CLIENT_SIDE = ("actors/remote/", "actors/bench/")
+RAY_CLIENT_SIDE = ("actors/remote/", *DRIVER_TOOLS)
 RAY_CLIENT_MODULES = ("actors/cli.py", "actors/demo.py")
 
 PROBE = """

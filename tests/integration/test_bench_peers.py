@@ -1,0 +1,130 @@
+"""`raybroker bench peers`: the workloads on raybroker and on the real peer servers (Debian's
+redis-server and rabbitmq-server, started and stopped by the harness), every row checked.
+
+Where a server is not installed its rows are skipped rows (with the install command); under
+CI=1 that is a failure, since CI installs both."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psutil
+import pytest
+
+from actors.bench.peers import servers
+from actors.bench.peers.run import SYSTEMS, run
+from actors.bench.report import Load
+from actors.cli import main
+
+VARIANTS = ("bulk-one-conversation", "bulk-spread", "many-clients", "paced")
+FIELDS = {
+    "system",
+    "variant",
+    "messages_per_s",
+    "p50_ms",
+    "p99_ms",
+    "cpu_s_per_1k",
+    "notes",
+    "lost",
+    "doubled",
+    "out_of_order",
+}
+SERVER_OF = {"redis-streams": "redis-server", "rabbitmq": "rabbitmq-server"}
+
+
+def harness_servers() -> set[int]:
+    """Server processes running from a bench run's temp dir (redis runs in its data dir; the
+    Erlang VM gets its directories through the environment)."""
+    found = set()
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] not in ("redis-server", "beam.smp"):
+            continue
+        try:
+            places = [p.cwd(), *p.environ().values()]
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if any("raybroker-peers-" in place for place in places):
+            found.add(p.pid)
+    return found
+
+
+def assert_skipped(row: dict) -> None:
+    assert row["messages_per_s"] == 0.0
+    assert row["p50_ms"] is row["p99_ms"] is row["cpu_s_per_1k"] is None
+    assert row["lost"] is row["doubled"] is row["out_of_order"] is None
+    assert row["notes"].startswith("skipped: ") and "install: apt-get install " in row["notes"]
+
+
+@pytest.mark.slow
+def test_every_system_runs_every_workload_once_in_order(ray_session, tmp_path, capsys):
+    before = harness_servers()
+    path = tmp_path / "peers.json"
+    assert main(["bench", "peers", "--messages", "2000", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "peers"
+    assert report["params"]["workloads"] == {
+        "bulk-one-conversation": 2000,
+        "bulk-spread": 2000,
+        "many-clients": 200,
+        "paced": 500,
+    }
+    rows = {(r["system"], r["variant"]): r for r in report["rows"]}
+    assert set(rows) == {(s, v) for s in SYSTEMS for v in VARIANTS}
+    for (system, variant), row in rows.items():
+        assert set(row) == FIELDS
+        if system in SERVER_OF and row["notes"].startswith("skipped"):
+            assert os.environ.get("CI") != "1", f"{SERVER_OF[system]} missing on CI: {row}"
+            assert servers.find(SERVER_OF[system]) is None  # skipped only when it is absent
+            assert_skipped(row)
+            continue
+        where = f"{system} {variant}: {row['notes']}"
+        assert row["messages_per_s"] > 0, where
+        assert 0 <= row["p50_ms"] <= row["p99_ms"], where
+        assert row["cpu_s_per_1k"] >= 0, where  # whole clock ticks: a short row may read 0
+        assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), where
+    assert "not durable" in rows[("ray-queue", "bulk-spread")]["notes"]
+    measured = [s for s in SYSTEMS if s != "raybroker" and rows[(s, "paced")]["p50_ms"]]
+    for peer in measured:  # raybroker's rows compare with every peer measured beside it
+        assert f"x {peer}" in rows[("raybroker", "paced")]["notes"]
+    out = capsys.readouterr().out
+    assert "raybroker: bulk-spread: 2,000 messages" in out and "msg/s" in out  # progress, table
+    assert harness_servers() <= before  # the servers it started are stopped
+
+
+def test_a_server_not_found_is_a_skipped_row_with_its_install_command(tmp_path, monkeypatch):
+    monkeypatch.setenv(servers.PATH_ENV, str(tmp_path))  # an empty directory: nothing found
+    progress: list[str] = []
+    report = run(Load(messages=1000), progress.append, systems=["redis-streams", "rabbitmq"])
+    assert [(r.system, r.variant) for r in report.rows] == [
+        (s, v) for v in VARIANTS for s in ("redis-streams", "rabbitmq")
+    ]
+    for row in report.rows:
+        assert_skipped(row.__dict__)
+    notes = {r.system: r.notes for r in report.rows}
+    assert notes["redis-streams"] == (
+        "skipped: redis-server not found; install: apt-get install redis-server"
+    )
+    assert notes["rabbitmq"] == (
+        "skipped: rabbitmq-server not found; install: apt-get install rabbitmq-server"
+    )
+    assert any("redis-streams: skipped" in line for line in progress)
+
+
+def test_a_server_hidden_from_the_search_path_is_skipped_beside_one_found(tmp_path, monkeypatch):
+    real = servers.find("redis-server")
+    if real is None:
+        if os.environ.get("CI") == "1":
+            pytest.fail("redis-server is not installed on CI")
+        pytest.skip("redis-server not installed here")
+    shown = tmp_path / "bin"
+    shown.mkdir()
+    (shown / "redis-server").symlink_to(real)  # redis-server visible, rabbitmq-server hidden
+    monkeypatch.setenv(servers.PATH_ENV, str(shown))
+    report = run(Load(messages=1000), lambda _: None, systems=["redis-streams", "rabbitmq"])
+    rows = {(r.system, r.variant): r for r in report.rows}
+    for variant in VARIANTS:
+        assert_skipped(rows[("rabbitmq", variant)].__dict__)
+        redis_row = rows[("redis-streams", variant)]
+        assert redis_row.messages_per_s > 0, redis_row.notes
+        assert (redis_row.lost, redis_row.doubled, redis_row.out_of_order) == (0, 0, 0)
