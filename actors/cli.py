@@ -58,6 +58,13 @@ def _demo(args: argparse.Namespace) -> int:
     return run(orders=args.orders, path=args.path)
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from .verify.command import options
+    from .verify.run import run
+
+    return run(options(args), progress=lambda s: print(s, flush=True))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raybroker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
     bench.set_defaults(fn=_bench)
+    from .verify.command import add_arguments as verify_arguments  # argparse only
+
+    verify = sub.add_parser(
+        "verify", help="the whole system under a fault schedule: every message checked"
+    )
+    verify_arguments(verify)
+    verify.set_defaults(fn=_verify)
     from spark_bridge import commands as spark_commands  # argparse only: Spark loads when used
     from topologies import commands as topology_commands
 
