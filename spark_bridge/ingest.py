@@ -29,7 +29,7 @@ from actors.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
 from .plan import BODY_FORMATS, IngestSpec, PartitionPlanner, check_ingest_id
-from .progress import BOARD, Watcher, board, print_progress
+from .progress import BOARD, Watcher, best_effort, board, print_progress
 
 KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
 ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest names no order
@@ -137,7 +137,7 @@ def ingest(
     import ray
 
     meter = board(NAMESPACE)
-    meter.start.remote(spec.run, total)
+    best_effort(lambda: meter.start.remote(spec.run, total))
     send = _partition_sender(
         spec,
         [(b.name, b.namespace) for b in senders],
@@ -149,11 +149,13 @@ def ingest(
         if show:
             with Watcher(meter, spec.run, show, every_s=1.0):
                 out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
-            show(ray.get(meter.view.remote(spec.run)))
+            final = best_effort(lambda: ray.get(meter.view.remote(spec.run), timeout=5.0))
+            if final is not None:
+                show(final)
         else:
             out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
     finally:
-        meter.end.remote(spec.run)
+        best_effort(lambda: meter.end.remote(spec.run))
     return IngestReport(
         ingest_id=ingest_id,
         rows=sum(r.rows for r in out),
@@ -242,7 +244,7 @@ async def _send(
         nonlocal sent
         result, rows = await task
         sent += result["sent"]
-        meter.add.remote(planner.spec.run, pid, rows, result["sent"])
+        best_effort(lambda: meter.add.remote(planner.spec.run, pid, rows, result["sent"]))
 
     async def one(handle: Any, ops: list[Any], request_id: str, rows: int) -> tuple[Any, int]:
         return await handle.aio.apply(ops, request_id=request_id), rows

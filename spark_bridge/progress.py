@@ -64,10 +64,20 @@ def board(namespace: str) -> Any:
     """The cluster's progress board (started on first use, kept for the next ingests)."""
     import ray
 
+    # restartable: a board lost with its node comes back elsewhere (empty: runs under way then
+    # show no progress; their ingests go on)
     actor = ray.remote(num_cpus=0)(Board).options(
-        name=BOARD, namespace=namespace, get_if_exists=True, lifetime="detached"
+        name=BOARD, namespace=namespace, get_if_exists=True, lifetime="detached", max_restarts=-1
     )
     return actor.remote()
+
+
+def best_effort(call: Callable[[], Any]) -> Any:
+    """Progress never fails an ingest: a call to a board that is gone (or restarting) is None."""
+    try:
+        return call()
+    except Exception:
+        return None
 
 
 def line(view: dict[str, Any]) -> str:
