@@ -1,0 +1,194 @@
+"""The principal's shipper: the captured log goes to the mirror in batches, and callers wait for it.
+
+One ship at a time, in order, carrying every transaction committed since the last one (a group
+commit's worth, or more while a ship was in flight): batched like everything else, never one
+call per message. A caller is answered once `settled` says so:
+
+- **synchronized**: the mirror has applied the caller's transaction ("safety full");
+- **exposed**: the mirror cannot be reached, and the witness has recorded that the principal runs
+  alone (`fence(False)`), so no failover can lose what is answered now;
+- **stale**: the witness has moved on (`StaleEpoch`): this partner is no longer principal, and the
+  caller hears `NotPrincipal` (its transaction is discarded when this partner rejoins as mirror;
+  the client retries on the new principal with the same request id).
+
+A mirror that cannot take the next entries (it is new, restarted, or missed some) is rebuilt from
+a snapshot; the entries committed while the snapshot travels follow it. Plain asyncio, no Ray: the
+mirror is reached through a `MirrorLink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ..errors import BrokerError, MirrorBehind, NotPrincipal, StaleEpoch
+from .capture import Capture, Entry
+from .replay import chunks
+
+log = logging.getLogger("raybroker")
+
+SHIP_MOST = 4096  # entries per ship
+RETRY_S = 0.5  # how long an unreachable mirror is left before it is tried again
+
+
+class MirrorLink(Protocol):
+    """The principal's calls to its mirror (Ray's actor calls, or in-process for tests). Any
+    failure to reach it raises `PeerUnreachable`."""
+
+    async def held(self, epoch: int) -> int:
+        """The last entry the mirror holds in this principal's line, or -1: rebuild it."""
+        ...
+
+    async def apply(self, epoch: int, entries: list[Entry]) -> int: ...
+
+    async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int: ...
+
+
+class Shipper:
+    def __init__(
+        self,
+        name: str,
+        capture: Capture,
+        epoch: int,
+        link: MirrorLink,
+        fence: Callable[[bool], Awaitable[None]],
+        snapshot: Callable[[], bytes],
+        on_event: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.name, self.capture, self.epoch, self.link = name, capture, epoch, link
+        self.fence, self.snapshot, self.on_event = fence, snapshot, on_event
+        self.state = "exposed"  # until the mirror is found in step
+        self.fenced = False  # the witness knows this principal runs alone
+        self.acked = -1  # the last entry the mirror holds (-1: not known to be in step)
+        self.rebuilds = 0
+        self.ships = 0
+        self.reason = "not yet in touch with the mirror"
+        self._changed = asyncio.Event()
+        self._work = asyncio.Event()
+        capture.on_commit = self._work.set
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # --- callers ---------------------------------------------------------------------------------
+
+    async def settled(self, seq: int) -> None:
+        """Return once a caller whose transactions end at `seq` may be answered (see above)."""
+        while True:
+            if self.state == "stale":
+                raise NotPrincipal(self.name, None, self.epoch)
+            if self.acked >= seq or (self.state == "exposed" and self.fenced):
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    def lag(self) -> dict[str, Any]:
+        """The mirror's lag behind this principal: transactions, and seconds since the oldest
+        transaction it lacks committed."""
+        behind = max(0, self.capture.seq - max(self.acked, 0)) if self.acked >= 0 else None
+        oldest = self.capture.pending[0].at if self.capture.pending else None
+        seconds = 0.0 if oldest is None or not behind else max(0.0, time.time() - oldest)
+        return {
+            "state": self.state,
+            "lag_transactions": behind,
+            "lag_s": seconds if behind is not None else None,
+            "acked": self.acked,
+            "seq": self.capture.seq,
+            "rebuilds": self.rebuilds,
+            "ships": self.ships,
+            "reason": self.reason,
+        }
+
+    def _set(self, state: str, reason: str = "") -> None:
+        if state != self.state and self.on_event is not None:
+            self.on_event(f"Mirror{state.capitalize()}", reason or state)
+        self.state, self.reason = state, reason
+        self._changed.set()
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while self.state != "stale":
+            try:
+                try:
+                    if self.acked < 0:
+                        await self._catch_up()
+                    else:
+                        await self._ship()
+                except (StaleEpoch, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # unreachable, refused, behind: run alone meanwhile
+                    await self._expose(exc)
+                    if not isinstance(exc, MirrorBehind):
+                        await asyncio.sleep(RETRY_S)
+            except StaleEpoch as exc:
+                self._set("stale", str(exc))
+                return
+
+    async def _ship(self) -> None:
+        entries = self.capture.take(SHIP_MOST)
+        if not entries:
+            self._work.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._work.wait(), 1.0)
+            return
+        self.acked = await self.link.apply(self.epoch, entries)
+        self.ships += 1
+        self.capture.drop_through(self.acked)
+        self._changed.set()
+
+    async def _catch_up(self) -> None:
+        """Find where the mirror is; ship what it lacks, or rebuild it; then say synchronized."""
+        held = await self.link.held(self.epoch)
+        pending = self.capture.pending
+        if (
+            held < 0
+            or held > self.capture.seq
+            or (pending and pending[0].seq > held + 1)
+            or not pending
+            and held != self.capture.seq
+        ):
+            held = await self._rebuild()
+        self.capture.drop_through(held)
+        while self.capture.pending:  # what committed meanwhile (callers already answered)
+            held = await self.link.apply(self.epoch, self.capture.take(SHIP_MOST))
+            self.capture.drop_through(held)
+        # in step: from here every caller waits for the mirror; then the witness may fail over
+        self.acked, self.fenced = held, False
+        self._set("synchronized", "the mirror holds every committed transaction")
+        await self.fence(True)
+
+    async def _rebuild(self) -> int:
+        self.rebuilds += 1
+        seq, data = self.capture.seq, self.snapshot()  # one event-loop step: consistent
+        self.capture.drop_through(seq)
+        return await self.link.rebuild(self.epoch, seq, chunks(data))
+
+    async def _expose(self, exc: Exception) -> None:
+        """The mirror cannot take the log: run alone, once the witness has recorded it."""
+        why = str(exc) if isinstance(exc, BrokerError) else repr(exc)
+        self.acked = -1  # found and caught up (or rebuilt) next time
+        if isinstance(exc, MirrorBehind):
+            return  # it answers: rebuilt at once, callers wait meanwhile
+        self.capture.pending.clear()  # the next catch-up rebuilds from a snapshot
+        while not self.fenced:
+            try:
+                await self.fence(False)
+                self.fenced = True
+            except StaleEpoch:
+                raise
+            except Exception as fault:  # the witness is unreachable: nobody may be answered
+                log.warning("mirror of %s: cannot tell the witness: %s", self.name, fault)
+                await asyncio.sleep(RETRY_S)
+        self._set("exposed", why)
