@@ -152,13 +152,8 @@ class Shipper:
         """Find where the mirror is; ship what it lacks, or rebuild it; then say synchronized."""
         held = await self.link.held(self.epoch)
         pending = self.capture.pending
-        if (
-            held < 0
-            or held > self.capture.seq
-            or (pending and pending[0].seq > held + 1)
-            or not pending
-            and held != self.capture.seq
-        ):
+        gap = pending[0].seq > held + 1 if pending else held != self.capture.seq
+        if held < 0 or held > self.capture.seq or gap:
             held = await self._rebuild()
         self.capture.drop_through(held)
         while self.capture.pending:  # what committed meanwhile (callers already answered)
