@@ -1,0 +1,243 @@
+"""A mirrored broker loses its principal's node mid-stream and nothing is lost: run as a script.
+
+A Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`, in its own temp dir):
+the head (the witness, and a plain front broker mm-front), node A (`zone_a`) and node B
+(`zone_b`). The mirrored broker mm has partner mm-a on A (the first principal) and mm-b on B, each
+with its own store file. mm-front begins dialogs to service Store on mm through a route whose
+`address` is the mirror mm-b and `mirror_address` the principal mm-a (seed 001: the sender must
+ask both and send to the principal only), and sends in rounds while a reader here receives at mm
+through a `MirroredBroker` handle, counting each message into its group's state in the same
+commit. Mid-stream node A is removed (its processes killed); mm-b becomes principal, the route
+and the reader follow it, and the stream finishes. A probe measures the failover time: from the
+node's removal to the first write the new principal accepts. Then a new `zone_a` node is added:
+Ray restarts mm-a there, it rejoins as mirror and is rebuilt; an operator's failover moves the
+principal back to it, and a last round goes through.
+
+Prints one line `RESULT {json}` and exits 0 when every message arrived exactly once and in order,
+and the partners' roles ended as expected; else 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+import ray
+
+# run as a script from tests/integration: the suite's helpers and the multi-node reader
+from conftest import wait_until  # noqa: E402
+from multinode_check import Reader, audit_keys, counted  # noqa: E402
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from actors import Begin, Queue, Send, Service
+from actors.remote.factory import start_broker
+from actors.remote.mirrored import (
+    MirroredBroker,
+    Partner,
+    failover,
+    mirror_status,
+    start_mirrored_broker,
+)
+
+DIALOGS = 20
+ROUNDS = 40
+KILL_AT = ROUNDS // 3
+RESUME_AT = 2 * ROUNDS // 3
+
+
+def scenario(root: str, result: dict[str, Any]) -> None:
+    t0 = time.monotonic()
+    quick = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": quick})
+    try:
+        node_a = cluster.add_node(num_cpus=1, resources={"zone_a": 1})
+        cluster.add_node(num_cpus=1, resources={"zone_b": 1})
+        cluster.wait_for_nodes()
+        ray.init(
+            address=cluster.address,
+            logging_level=logging.ERROR,
+            log_to_driver=os.environ.get("RAYBROKER_QUIET") != "1",
+        )
+        result["cluster_up_s"] = round(time.monotonic() - t0, 1)
+        stream(root, result, cluster, node_a)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def setup(root: str) -> tuple[Any, MirroredBroker]:
+    head = ray.get_runtime_context().get_node_id()
+    front = start_broker(
+        "mm-front",
+        os.path.join(root, "front.sqlite"),
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
+    )
+    mm = start_mirrored_broker(
+        "mm",
+        Partner("mm-a", os.path.join(root, "a.sqlite"), {"resources": {"zone_a": 0.01}}),
+        Partner("mm-b", os.path.join(root, "b.sqlite"), {"resources": {"zone_b": 0.01}}),
+    )
+    for d in (Queue("StoreQueue"), Queue("ProbeQueue"), Service("Store", "StoreQueue", ["DEFAULT"]),
+              Service("Probe", "ProbeQueue", ["DEFAULT"])):  # fmt: skip
+        mm.create(d)
+    front.create(Queue("ShopQueue"))
+    front.create(Service("Shop", "ShopQueue"))
+    # seed 001: the mirror first, so the sender has to find out which partner is principal
+    front.create_route("ToStore", "Store", mm.info()["broker_id"], "ray://mm-b", "ray://mm-a")
+    mm.create_route("ToShop", "Shop", front.info()["broker_id"], "ray://mm-front")
+    return front, mm
+
+
+def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> None:
+    front, mm = setup(root)
+    status = mirror_status("mm")
+    result["first_principal"] = status["principal"]
+    nodes = {p["node"] for p in status["partners"].values()}
+    result["apart"] = len(nodes) == 2
+    witness = ray.get_actor("mm.witness", namespace="raybroker")
+    result["witness_on_head"] = (
+        ray.get(witness.node.remote()) == ray.get_runtime_context().get_node_id()
+    )
+    handles = front.apply([Begin("Shop", "Store") for _ in range(DIALOGS)])["handles"]
+    reader = Reader(MirroredBroker("mm"))
+    reader.start()
+    rounds_sent = 0
+    go, killed = threading.Event(), threading.Event()
+
+    def send_stream() -> None:
+        nonlocal rounds_sent
+        for n in range(ROUNDS):
+            if n == KILL_AT:
+                go.wait()
+            if n == RESUME_AT:
+                killed.wait()
+            body = json.dumps({"n": n}).encode()
+            front.apply([Send(h, "DEFAULT", body) for h in handles])
+            rounds_sent = n + 1
+
+    sender = threading.Thread(target=send_stream, daemon=True)
+    sender.start()
+    wait_until(lambda: rounds_sent >= KILL_AT and reader.committed > 0, 60, "a third received")
+    go.set()
+    wait_until(lambda: rounds_sent >= KILL_AT + 2, 60, "the stream to go on")
+    result["received_before_kill"] = reader.committed
+
+    probe = MirroredBroker("mm")
+    t_kill = time.monotonic()
+    cluster.remove_node(node_a, allow_graceful=False)  # the principal's node crashes
+    killed.set()
+    while True:  # until a write is accepted by the new principal (not the dying old one)
+        op = Begin("Probe", "Probe")
+        probe.apply([op, Send(op.handle, "DEFAULT", b"first after the failover")])
+        if probe.name == "mm-b":
+            break
+        time.sleep(0.02)
+    result["failover_s"] = round(time.monotonic() - t_kill, 2)
+    status = mirror_status("mm")
+    result["principal_after_kill"] = status["principal"]
+    result["epoch_after_kill"] = status["epoch"]
+
+    sender.join(timeout=120)
+    result["sent"] = rounds_sent * DIALOGS
+    expected = DIALOGS * ROUNDS
+    watcher = MirroredBroker("mm")
+    try:
+        wait_until(lambda: counted(watcher)[0] >= expected, 120, "every message counted")
+    except AssertionError as exc:
+        result["timeout"] = str(exc)
+
+    # the old principal's node comes back: Ray restarts mm-a there; it rejoins as mirror
+    t_back = time.monotonic()
+    cluster.add_node(num_cpus=1, resources={"zone_a": 1})
+    wait_until(lambda: _in_step("mm", "mm-a"), 120, "mm-a back as mirror, in step")
+    result["rejoin_s"] = round(time.monotonic() - t_back, 2)
+    # the operator moves the principal back; a last round goes through it
+    failover("mm")
+    result["principal_after_manual"] = mirror_status("mm")["principal"]
+    front.apply([Send(h, "DEFAULT", json.dumps({"n": ROUNDS}).encode()) for h in handles])
+    result["sent"] += DIALOGS
+    expected += DIALOGS
+    try:
+        wait_until(lambda: counted(watcher)[0] >= expected, 120, "the last round counted")
+    except AssertionError as exc:
+        result["timeout"] = str(exc)
+    wait_until(lambda: _in_step("mm", "mm-b"), 120, "mm-b back as mirror, in step")
+    reader.running = False
+    reader.join(timeout=30)
+    if reader.error is not None:
+        result["reader_error"] = repr(reader.error)
+    total, states = counted(watcher)
+    keys, missed = audit_keys(watcher)
+    result["expected"] = expected
+    result["counted"] = total
+    result["out_of_order"] = sum(s["bad"] for s in states)
+    result["doubled"] = sum(c - 1 for c in keys.values()) + max(0, total - expected)
+    result["lost"] = expected - len(keys)
+    result["audit_missed"] = missed
+    result["dialogs_continued"] = len(states) == DIALOGS and all(
+        s["last"] == ROUNDS for s in states
+    )
+    wait_until(lambda: not front.transmission_queue(), 30, "the front's transmission queue")
+    final = mirror_status("mm")
+    result["final"] = {
+        "principal": final["principal"],
+        "epoch": final["epoch"],
+        "failovers": final["failovers"],
+        "synchronized": final["synchronized"],
+        "lag": final["principal_state"].get("lag_transactions"),
+    }
+    result["events"] = [e["kind"] for e in final["events"]]
+
+
+def _in_step(name: str, mirror: str) -> bool:
+    status = mirror_status(name)
+    return status["mirror"] == mirror and status["synchronized"]
+
+
+def passed(r: dict[str, Any]) -> bool:
+    return (
+        r.get("apart") is True
+        and r.get("first_principal") == "mm-a"
+        and r.get("principal_after_kill") == "mm-b"
+        and r.get("principal_after_manual") == "mm-a"
+        and r.get("sent") == r.get("expected") == r.get("counted")
+        and (r.get("lost"), r.get("doubled"), r.get("out_of_order")) == (0, 0, 0)
+        and r.get("audit_missed") == 0
+        and r.get("dialogs_continued") is True
+        and r.get("final", {}).get("synchronized") is True
+        and "error" not in r
+        and "reader_error" not in r
+        and "timeout" not in r
+    )
+
+
+def main() -> int:
+    root = tempfile.mkdtemp(prefix="rbmm-")
+    os.environ["RAY_TMPDIR"] = root
+    os.environ.pop("RAY_ADDRESS", None)
+    t0 = time.monotonic()
+    result: dict[str, Any] = {"dialogs": DIALOGS, "rounds": ROUNDS}
+    try:
+        scenario(root, result)
+    except BaseException as exc:
+        result["error"] = repr(exc)
+        traceback.print_exc()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    result["passed"] = passed(result)
+    print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
