@@ -127,7 +127,8 @@ class FailureDetector:
         self.failing_since: float | None = None
 
     def observe(self, answered: bool, now: float) -> bool:
-        """Record one ping; whether the principal is now taken for lost."""
+        """Record one ping (`now`: when it was sent); whether the principal is now taken for
+        lost."""
         if answered:
             self.failing_since = None
             return False

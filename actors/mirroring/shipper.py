@@ -58,11 +58,14 @@ class Shipper:
         fence: Callable[[bool], Awaitable[None]],
         snapshot: Callable[[], bytes],
         on_event: Callable[[str, str], None] | None = None,
+        fenced: bool = False,
     ) -> None:
+        """`fenced`: the witness already records that the mirror is not synchronized (as after a
+        promotion, when the mirror is the lost old principal): callers need not wait for it."""
         self.name, self.capture, self.epoch, self.link = name, capture, epoch, link
         self.fence, self.snapshot, self.on_event = fence, snapshot, on_event
         self.state = "exposed"  # until the mirror is found in step
-        self.fenced = False  # the witness knows this principal runs alone
+        self.fenced = fenced  # the witness knows this principal runs alone
         self.acked = -1  # the last entry the mirror holds (-1: not known to be in step)
         self.rebuilds = 0
         self.ships = 0

@@ -144,6 +144,13 @@ class Broker(Verbs):
     def _owner(self) -> tuple[str, Any] | None:
         return lock_holder()
 
+    def result(self, ref: ray.ObjectRef) -> Any:
+        """A call's answer (a mirrored broker's handle also watches for a failover meanwhile)."""
+        return ray.get(ref)
+
+    async def result_async(self, ref: ray.ObjectRef) -> Any:
+        return await ref
+
     def follow(self, exc: ray.exceptions.RayError) -> bool:
         """Whether a failed call should be retried on another actor this handle now points to
         (a mirrored broker's handle follows its principal; see actors.remote.mirrored)."""
@@ -154,7 +161,7 @@ class Broker(Verbs):
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
-                    return call.answer(ray.get(call.submit()), post)
+                    return call.answer(self.result(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     time.sleep(call.failed(exc))
         finally:
@@ -231,7 +238,7 @@ class AsyncBroker(Verbs):
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
-                    return call.answer(await call.submit(), post)
+                    return call.answer(await self._sync.result_async(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     await asyncio.sleep(call.failed(exc))
         finally:

@@ -13,7 +13,8 @@ import ray
 from ..errors import BrokerError, PeerUnreachable
 from ..mirroring.capture import Entry
 
-APPLY_S = 10.0  # a ship: a batch of transactions applied in one SQLite transaction
+APPLY_S = 3.0  # a ship: a batch of transactions applied in one SQLite transaction (a mirror
+# slower than this is taken for lost: the principal goes on alone, fenced by the witness)
 REBUILD_S = 120.0  # a whole store copied
 
 

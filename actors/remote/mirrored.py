@@ -9,6 +9,7 @@ the same request id (so it is applied once).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -24,6 +25,7 @@ from .partner import PartnerActor
 from .witness import WitnessActor, witness_name
 
 START_S = 60.0  # how long a start waits for the mirror to be in step
+WATCH_S = 0.25  # how often a call that has not been answered asks the witness for the principal
 
 
 class Partner(NamedTuple):
@@ -190,16 +192,50 @@ class MirroredBroker(Broker):
     def __reduce__(self):
         return MirroredBroker, (self.mirrored, self.namespace, self.retry_s)
 
+    # A call to a partner whose node just died may hang until Ray notices the node is gone
+    # (its health checks: seconds to tens of seconds). So a call that takes longer than
+    # WATCH_S asks the witness every WATCH_S whether the principal moved, and if it did, is
+    # given up (`PrincipalMoved`) and sent again, with the same request id, to the new one.
+
+    def result(self, ref: ray.ObjectRef) -> Any:
+        while True:
+            ready, _ = ray.wait([ref], timeout=WATCH_S)
+            if ready:
+                return ray.get(ref)
+            if self._moved(roles_of(self.mirrored, self.namespace)):
+                raise PrincipalMoved(self.name)
+
+    async def result_async(self, ref: ray.ObjectRef) -> Any:
+        witness = ray.get_actor(witness_name(self.mirrored), namespace=self.namespace)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(ref), WATCH_S)
+            if self._moved(await witness.get.remote()):
+                raise PrincipalMoved(self.name)
+
+    def _moved(self, roles: dict[str, Any]) -> bool:
+        return roles["principal"] != self.name
+
     def follow(self, exc: ray.exceptions.RayError) -> bool:
         cause = getattr(exc, "cause", None)
         refused = isinstance(cause, NotPrincipal)
-        if not refused and not isinstance(exc, ray.exceptions.RayActorError | ActorUnavailable):
+        transient = isinstance(
+            exc, ray.exceptions.RayActorError | ActorUnavailable | PrincipalMoved
+        )
+        if not refused and not transient:
             return False
         with contextlib.suppress(ValueError, ray.exceptions.RayError):
             principal = roles_of(self.mirrored, self.namespace)["principal"]
             actor = ray.get_actor(principal, namespace=self.namespace)
             self.actor, self.name = actor, principal
         return True  # retried (on the same partner while the failover is under way)
+
+
+class PrincipalMoved(ray.exceptions.RayError):
+    """A call gave up waiting on a partner that is no longer principal; it is sent again."""
+
+    def __init__(self, partner: str) -> None:
+        super().__init__(f"{partner!r} is no longer the principal")
 
 
 ActorUnavailable = ray.exceptions.ActorUnavailableError

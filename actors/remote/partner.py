@@ -40,8 +40,8 @@ from .witness import witness_name
 
 log = logging.getLogger("raybroker")
 
-WATCH_S = 0.2  # how often the mirror pings the principal (and the principal the witness)
-PING_S = 0.5  # how long a ping may take
+WATCH_S = 0.1  # how often the mirror pings the principal (and the principal the witness)
+PING_S = 0.3  # how long a ping may take
 
 
 class PartnerActor:
@@ -115,6 +115,7 @@ class PartnerActor:
             self._fence,
             lambda: replay.snapshot(service.core.store.db),
             lambda kind, detail: service.record_event(kind, self.broker, detail),
+            fenced=not record.synchronized,
         )
         self.shipper.start()
         self.acting, self.became = "principal", time.time()
@@ -141,7 +142,8 @@ class PartnerActor:
             await asyncio.sleep(WATCH_S)
             try:
                 if self.acting == "mirror":
-                    lost = detector.observe(await self._principal_answers(), time.monotonic())
+                    sent = time.monotonic()
+                    lost = detector.observe(await self._principal_answers(), sent)
                     if lost:
                         await self._promote(manual=False, reason="the principal stopped answering")
                         detector = FailureDetector(self.failover_after_s)

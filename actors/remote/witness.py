@@ -24,7 +24,7 @@ from ..errors import BrokerError, MirrorMismatch
 from ..mirroring import roles
 from ..mirroring.roles import Roles
 
-PING_S = 0.5  # how long the witness waits for the principal before taking it for lost
+PING_S = 0.3  # how long the witness waits for the principal before taking it for lost
 
 
 def witness_name(broker: str) -> str:

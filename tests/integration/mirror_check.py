@@ -132,7 +132,7 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     result["received_before_kill"] = reader.committed
 
     probe = MirroredBroker("mm")
-    t_kill = time.monotonic()
+    t_kill, t_kill_wall = time.monotonic(), time.time()
     cluster.remove_node(node_a, allow_graceful=False)  # the principal's node crashes
     killed.set()
     while True:  # until a write is accepted by the new principal (not the dying old one)
@@ -144,6 +144,7 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     result["failover_s"] = round(time.monotonic() - t_kill, 2)
     status = mirror_status("mm")
     result["principal_after_kill"] = status["principal"]
+    result["promoted_s"] = round(status["last_failover"]["at"] - t_kill_wall, 2)
     result["epoch_after_kill"] = status["epoch"]
 
     sender.join(timeout=120)
