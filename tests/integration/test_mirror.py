@@ -1,0 +1,106 @@
+"""Mirrored brokers on real Ray. The failover scenario needs several nodes, so it runs in a
+subprocess (`mirror_check.py`, a `ray.cluster_utils.Cluster` of three nodes in its own temp dir)
+and prints one `RESULT {json}` line, checked here. The bad states a mirrored broker refuses run
+on the session's one-node Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+from actors import Queue, Service
+from actors.errors import MirrorMismatch, MirrorPlacement, NotPrincipal
+from actors.remote.client import Broker
+from actors.remote.mirrored import (
+    Partner,
+    mirror_status,
+    start_mirrored_broker,
+    stop_mirrored_broker,
+)
+
+SCRIPT = Path(__file__).with_name("mirror_check.py")
+ROOT = SCRIPT.parents[2]
+
+
+@pytest.mark.slow
+def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_lost():
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    env["RAYBROKER_QUIET"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=400,
+    )  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
+    r = json.loads(lines[-1].removeprefix("RESULT "))
+    assert "error" not in r and "reader_error" not in r and "timeout" not in r, r
+    # principal and mirror on two nodes, the witness on the head
+    assert r["apart"] and r["witness_on_head"] and r["first_principal"] == "mm-a", r
+    # the principal's node removed mid-stream: the mirror took over within the bound
+    assert r["principal_after_kill"] == "mm-b" and r["epoch_after_kill"] == 2, r
+    assert r["failover_s"] < 5.0, r
+    # the stream finished on the new principal: every message once, in order, per dialog
+    assert r["sent"] == r["counted"] == r["expected"], r
+    assert (r["lost"], r["doubled"], r["out_of_order"]) == (0, 0, 0), r
+    assert r["dialogs_continued"] and r["audit_missed"] == 0, r
+    # the old principal came back as mirror, caught up, and an operator's failover moved the
+    # principal back to it; both failovers are events
+    assert r["principal_after_manual"] == "mm-a", r
+    assert r["final"] == {"principal": "mm-a", "epoch": 3, "failovers": 2, "synchronized": True,
+                          "lag": 0}, r  # fmt: skip
+    assert r["events"].count("Failover") == 2, r
+    assert run.returncode == 0 and r["passed"], r
+
+
+@pytest.fixture
+def mirrored(ray_session, tmp_path):
+    names: list[str] = []
+
+    def start(name: str | None = None, **kw):
+        name = name or f"mir-{uuid.uuid4().hex[:8]}"
+        a = Partner(f"{name}-a", str(tmp_path / f"{name}-a.sqlite"))
+        b = Partner(f"{name}-b", str(tmp_path / f"{name}-b.sqlite"))
+        handle = start_mirrored_broker(name, a, b, **kw)
+        names.append(name)
+        return name, handle
+
+    yield start
+    for name in names:
+        stop_mirrored_broker(name)
+
+
+def test_two_partners_on_one_node_are_refused_unless_forced(mirrored):
+    with pytest.raises(MirrorPlacement, match="both run on node"):
+        mirrored()
+    name, handle = mirrored(force=True)
+    handle.create(Queue("Q"))
+    handle.create(Service("S", "Q"))
+    status = mirror_status(name)
+    assert status["synchronized"] and status["principal_state"]["lag_transactions"] == 0
+    assert {p["role"] for p in status["partners"].values()} == {"principal", "mirror"}
+
+
+def test_a_write_sent_to_the_mirror_is_refused_naming_the_principal(mirrored):
+    name, handle = mirrored(force=True)
+    mirror = mirror_status(name)["mirror"]
+    direct = Broker(ray.get_actor(mirror, namespace="raybroker"), mirror)
+    with pytest.raises(NotPrincipal, match=f"send it to '{name}-a'"):
+        direct.create(Queue("Q"))
+
+
+def test_a_mirror_whose_store_holds_another_broker_is_refused(mirrored, make_broker, tmp_path):
+    other = make_broker(path=str(tmp_path / "taken-b.sqlite"))
+    other.create(Queue("Elsewhere"))
+    other.stop()
+    a = Partner("taken-a", str(tmp_path / "taken-a.sqlite"))
+    b = Partner("taken-b", str(tmp_path / "taken-b.sqlite"))
+    with pytest.raises(MirrorMismatch, match="holds broker"):
+        start_mirrored_broker("taken", a, b, force=True)
