@@ -77,8 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spark_bridge import commands as spark_commands  # argparse only: Spark loads when used
     from topologies import commands as topology_commands
 
+    from . import mirrorcommands
+
     spark_commands.add_parsers(sub)
     topology_commands.add_parsers(sub)
+    mirrorcommands.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -17,6 +17,7 @@ import ray
 
 from actors import Queue, Service
 from actors.errors import MirrorMismatch, MirrorPlacement, NotPrincipal
+from actors.mirrorcommands import summary
 from actors.remote.client import Broker
 from actors.remote.mirrored import (
     Partner,
@@ -86,6 +87,10 @@ def test_two_partners_on_one_node_are_refused_unless_forced(mirrored):
     status = mirror_status(name)
     assert status["synchronized"] and status["principal_state"]["lag_transactions"] == 0
     assert {p["role"] for p in status["partners"].values()} == {"principal", "mirror"}
+    lines = summary(status)  # what `raybroker mirror status` prints
+    assert lines[0].startswith(f"mirrored broker {name}: epoch 1, synchronized, 0 failover")
+    assert f"{name}-a: principal (synchronized, mirror lag 0 transactions" in lines[1]
+    assert f"{name}-b: mirror (in step" in lines[2]
 
 
 def test_a_write_sent_to_the_mirror_is_refused_naming_the_principal(mirrored):
