@@ -79,10 +79,12 @@ class Shipper:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Stop shipping; callers still waiting hear `NotPrincipal` (this partner steps down)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._set("stale", "stopped: this partner is no longer principal")
 
     # --- callers ---------------------------------------------------------------------------------
 

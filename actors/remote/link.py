@@ -6,6 +6,7 @@ or the witness's own error as itself; anything that kept the call from being ans
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import ray
@@ -37,6 +38,10 @@ class RayLink:
 
     def __init__(self, mirror: str, namespace: str, broker_id: str) -> None:
         self.mirror, self.namespace, self.broker_id = mirror, namespace, broker_id
+        # this principal's incarnation: a mirror rebuilt by an earlier one (before a restart of
+        # this partner's process) is rebuilt again, since writes made while the broker opened
+        # its store were never shipped
+        self.line = os.urandom(8).hex()
 
     def _handle(self) -> Any:
         try:
@@ -45,11 +50,13 @@ class RayLink:
             raise PeerUnreachable.not_running(self.mirror) from None
 
     async def held(self, epoch: int) -> int:
-        return await unwrap(self._handle().held.remote(epoch), APPLY_S, self.mirror)
+        return await unwrap(self._handle().held.remote(epoch, self.line), APPLY_S, self.mirror)
 
     async def apply(self, epoch: int, entries: list[Entry]) -> int:
-        return await unwrap(self._handle().apply.remote(epoch, entries), APPLY_S, self.mirror)
+        return await unwrap(
+            self._handle().apply.remote(epoch, self.line, entries), APPLY_S, self.mirror
+        )
 
     async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int:
-        ref = self._handle().rebuild.remote(epoch, seq, parts, self.broker_id)
+        ref = self._handle().rebuild.remote(epoch, self.line, seq, parts, self.broker_id)
         return await unwrap(ref, REBUILD_S, self.mirror)

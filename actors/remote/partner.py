@@ -63,7 +63,8 @@ class PartnerActor:
         self.capture: Capture | None = None
         self.shipper: Shipper | None = None
         self.store: Store | None = None  # the mirror's
-        self.line = -1  # the epoch whose principal last rebuilt this mirror (-1: none)
+        self.line: tuple[int, str] | None = None  # the principal (epoch, incarnation) that
+        # last rebuilt this mirror; only its log applies here (None: rebuild first)
         self.applied_at: float | None = None  # when the mirror last applied a ship
         self.became: float | None = None  # when this partner last became principal
         self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
@@ -130,7 +131,7 @@ class PartnerActor:
             await self.service.close()
             self.service = self.capture = self.shipper = None
         self.store = Store(self.path, self.durability, holder=self.partner)
-        self.acting, self.line = "mirror", -1  # whoever is principal now rebuilds it
+        self.acting, self.line = "mirror", None  # whoever is principal now rebuilds it
 
     async def _fence(self, synchronized: bool) -> None:
         await unwrap(self.witness.set_synchronized.remote(self.partner, self.epoch, synchronized))
@@ -199,7 +200,8 @@ class PartnerActor:
             out |= self.shipper.lag() | {"became_principal_at": self.became}
         elif self.store is not None:
             held = replay.held_seq(self.store)
-            out |= {"state": "in step" if self.line == self.epoch else "awaiting rebuild",
+            in_step = self.line is not None and self.line[0] == self.epoch
+            out |= {"state": "in step" if in_step else "awaiting rebuild",
                     "seq": held, "applied_at": self.applied_at}  # fmt: skip
         return out
 
@@ -227,24 +229,30 @@ class PartnerActor:
             raise NotPrincipal(self.partner, self.principal or None, self.epoch)
         return self.service
 
-    async def _settled(self) -> None:
-        if self.shipper is not None and self.capture is not None:
-            await self.shipper.settled(self.capture.seq)
+    async def _answer(self, verb: str, *args: Any) -> Any:
+        """Run a broker verb as principal; answer once the shipper says so. The shipper is the
+        one this call committed under: if this partner steps down meanwhile, it says
+        `NotPrincipal` (the client retries on the new principal, with the same request id)."""
+        service = await self._principal()
+        shipper, capture = self.shipper, self.capture
+        assert shipper is not None and capture is not None
+        try:
+            out = await getattr(service, verb)(*args)
+        except Exception:
+            if self.service is not service:  # stepped down under it: its store is closed
+                raise NotPrincipal(self.partner, self.principal or None, self.epoch) from None
+            raise
+        await shipper.settled(capture.seq)
+        return out
 
     async def call(self, order: Any, method: str, *args: Any) -> Any:
-        out = await (await self._principal()).call(order, method, *args)
-        await self._settled()
-        return out
+        return await self._answer("call", order, method, *args)
 
     async def calls(self, order: Any, batch: list) -> list:
-        out = await (await self._principal()).calls(order, batch)
-        await self._settled()
-        return out
+        return await self._answer("calls", order, batch)
 
     async def deliver(self, blob: bytes) -> bytes:
-        out = await (await self._principal()).deliver(blob)
-        await self._settled()
-        return out
+        return await self._answer("deliver", blob)
 
     async def holder_alive(self, handle: Any) -> bool | None:
         return await (await self._principal()).holder_alive(handle)
@@ -263,19 +271,21 @@ class PartnerActor:
         assert self.store is not None
         return self.store
 
-    async def held(self, epoch: int) -> int:
+    async def held(self, epoch: int, line: str) -> int:
         store = await self._mirror(epoch)
-        return replay.held_seq(store) if self.line == epoch else -1
+        return replay.held_seq(store) if self.line == (epoch, line) else -1
 
-    async def apply(self, epoch: int, entries: list) -> int:
+    async def apply(self, epoch: int, line: str, entries: list) -> int:
         store = await self._mirror(epoch)
-        if self.line != epoch:
+        if self.line != (epoch, line):
             raise MirrorBehind(-1, entries[0].seq if entries else 0)
         held = replay.apply(store.db, replay.held_seq(store), entries)
         self.applied_at = time.time()
         return held
 
-    async def rebuild(self, epoch: int, seq: int, parts: list[bytes], broker_id: str) -> int:
+    async def rebuild(
+        self, epoch: int, line: str, seq: int, parts: list[bytes], broker_id: str
+    ) -> int:
         store = await self._mirror(epoch)
         if store.broker_id != broker_id and not replay.is_blank(store):
             raise MirrorMismatch(
@@ -287,7 +297,7 @@ class PartnerActor:
         replay.install(self.path, b"".join(parts))
         self.store = Store(self.path, self.durability, holder=self.partner)
         self.store.set_meta(SEQ_KEY, str(seq))
-        self.line, self.applied_at = epoch, time.time()
+        self.line, self.applied_at = (epoch, line), time.time()
         return seq
 
     async def close(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import PeerUnreachable
+from ..errors import NotPrincipal, PeerUnreachable
 from ..mirroring.choice import Claim, MirrorRoutes, pairs
 from ..routing import Hop
 from .inbound import Arrival, Drops, Receiver
@@ -42,6 +42,9 @@ class Courier:
                     hop, reply = await self._try(group, blob, limits.send_timeout_s)
                 except PeerUnreachable as exc:
                     why = f"{group[0].address}: {exc.reason}"
+                    continue
+                except NotPrincipal as exc:  # a mirror partner on a plain route
+                    why = f"{group[0].address}: {exc}"
                     continue
                 if n + 1 < len(groups) and refuses_all(reply):
                     why = f"{hop.address} refused it"
@@ -101,8 +104,9 @@ class Courier:
                     return await self.peers.deliver(
                         hop.broker or "", blob, port.limits.send_timeout_s
                     )
-                except PeerUnreachable as exc:
-                    why = f"{port.name} could not forward to {hop.address}: {exc.reason}"
+                except (PeerUnreachable, NotPrincipal) as exc:
+                    said = exc.reason if isinstance(exc, PeerUnreachable) else str(exc)
+                    why = f"{port.name} could not forward to {hop.address}: {said}"
             self._dropped(bundles, why)
             return _refused(why)
         finally:
