@@ -28,17 +28,18 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import Counter
 from typing import Any
 
 import ray
 
 # run as a script from tests/integration: the suite's helpers and the multi-node reader
 from conftest import wait_until  # noqa: E402
-from multinode_check import Reader, audit_keys, counted  # noqa: E402
+from multinode_check import Reader, counted  # noqa: E402
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import Begin, Queue, Send, Service
+from actors import Activation, Begin, Queue, Send, Service, Timer
 from actors.remote.factory import start_broker
 from actors.remote.mirrored import (
     MirroredBroker,
@@ -97,6 +98,49 @@ def setup(root: str) -> tuple[Any, MirroredBroker]:
     return front, mm
 
 
+def before_kill(mm: MirroredBroker) -> None:
+    """What a failover must carry over besides the stream: an activated queue, rows parked in
+    the transmission queue (for a broker not started yet), a conversation timer."""
+    act = Activation("actors.handlers:count_in_order", placement="internal", idle_timeout=1)
+    mm.create(Queue("ActQueue", activation=act))
+    mm.create(Service("Act", "ActQueue", ["DEFAULT"]))
+    _activated(mm, 10)
+    mm.create_route("ToLate", "Late", None, "ray://mm-late")
+    late = Begin("Probe", "Late")
+    mm.apply([late, Send(late.handle, "DEFAULT", [b"%d" % i for i in range(5)])])
+    timed = Begin("Probe", "Probe")
+    mm.apply([timed, Timer(timed.handle, 6.0)])  # fires after the failover
+
+
+def _activated(mm: MirroredBroker, n: int) -> None:
+    op = Begin("Probe", "Act")
+    mm.apply([op, Send(op.handle, "DEFAULT", [b"x"] * n)])
+
+
+def _act_count(mm: MirroredBroker) -> int:
+    return sum(json.loads(g["state"])["count"] for g in mm.groups("ActQueue") if g["state"])
+
+
+def after_failover(mm: MirroredBroker, root: str, result: dict[str, Any]) -> None:
+    """The new principal carries on what the old one held."""
+    wait_until(lambda: _act_count(mm) >= 10, 60, "the activated queue's first messages read")
+    _activated(mm, 10)  # the new principal's readers take these
+    wait_until(lambda: _act_count(mm) >= 20, 60, "the activated queue's readers on the new one")
+    result["activation_counted"] = _act_count(mm)
+    result["parked_before_late"] = len(mm.transmission_queue())
+    late = start_broker("mm-late", os.path.join(root, "late.sqlite"))
+    late.create(Queue("LateQueue"))
+    late.create(Service("Late", "LateQueue", ["DEFAULT"]))
+    wait_until(lambda: late.queues()["LateQueue"]["depth"] >= 5, 60, "parked rows delivered")
+    result["late_delivered"] = late.queues()["LateQueue"]["depth"]
+
+    def fired() -> bool:
+        return any(m["message_type"] == "DialogTimer" for m in mm.queue("ProbeQueue"))
+
+    wait_until(fired, 60, "the conversation timer to fire on the new principal")
+    result["timer_fired"] = True
+
+
 def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> None:
     front, mm = setup(root)
     status = mirror_status("mm")
@@ -129,6 +173,7 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     wait_until(lambda: rounds_sent >= KILL_AT and reader.committed > 0, 60, "a third received")
     go.set()
     wait_until(lambda: rounds_sent >= KILL_AT + 2, 60, "the stream to go on")
+    before_kill(mm)
     result["received_before_kill"] = reader.committed
 
     probe = MirroredBroker("mm")
@@ -147,6 +192,7 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     result["promoted_s"] = round(status["last_failover"]["at"] - t_kill_wall, 2)
     result["epoch_after_kill"] = status["epoch"]
 
+    after_failover(probe, root, result)
     sender.join(timeout=120)
     result["sent"] = rounds_sent * DIALOGS
     expected = DIALOGS * ROUNDS
@@ -174,10 +220,11 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     wait_until(lambda: _in_step("mm", "mm-b"), 120, "mm-b back as mirror, in step")
     reader.running = False
     reader.join(timeout=30)
+    result["received_then_rolled_back"] = reader.rolled_back  # locks the failover released
     if reader.error is not None:
         result["reader_error"] = repr(reader.error)
     total, states = counted(watcher)
-    keys, missed = audit_keys(watcher)
+    keys, missed = store_keys(watcher)
     result["expected"] = expected
     result["counted"] = total
     result["out_of_order"] = sum(s["bad"] for s in states)
@@ -199,6 +246,21 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     result["events"] = [e["kind"] for e in final["events"]]
 
 
+def store_keys(broker: Any) -> tuple[Counter[tuple[str, int]], int]:
+    """Each (conversation, sequence number) committed from StoreQueue, with how often, and how
+    many commits the audit's bound dropped unread (the other queues' records are left out)."""
+    keys: Counter[tuple[str, int]] = Counter()
+    after, missed = 0, 0
+    while True:
+        page = broker.audit(after_id=after, limit=1000)
+        missed += page["missed"]
+        if not page["records"]:
+            return keys, missed
+        keys.update((r["conversation_id"], r["sequence_number"]) for r in page["records"]
+                    if r["queue"] == "StoreQueue")  # fmt: skip
+        after = page["next"]
+
+
 def _in_step(name: str, mirror: str) -> bool:
     status = mirror_status(name)
     return status["mirror"] == mirror and status["synchronized"]
@@ -215,6 +277,9 @@ def passed(r: dict[str, Any]) -> bool:
         and r.get("audit_missed") == 0
         and r.get("dialogs_continued") is True
         and r.get("final", {}).get("synchronized") is True
+        and r.get("activation_counted") == 20
+        and r.get("late_delivered") == 5
+        and r.get("timer_fired") is True
         and "error" not in r
         and "reader_error" not in r
         and "timeout" not in r

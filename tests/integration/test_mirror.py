@@ -52,6 +52,11 @@ def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_l
     assert r["sent"] == r["counted"] == r["expected"], r
     assert (r["lost"], r["doubled"], r["out_of_order"]) == (0, 0, 0), r
     assert r["dialogs_continued"] and r["audit_missed"] == 0, r
+    # the new principal carried on the rest of what the old one held: the activated queue's
+    # readers, the rows parked in the transmission queue, a conversation timer
+    assert r["activation_counted"] == 20, r
+    assert r["parked_before_late"] == 5 and r["late_delivered"] == 5, r
+    assert r["timer_fired"], r
     # the old principal came back as mirror, caught up, and an operator's failover moved the
     # principal back to it; both failovers are events
     assert r["principal_after_manual"] == "mm-a", r
