@@ -67,6 +67,7 @@ class PartnerActor:
         # last rebuilt this mirror; only its log applies here (None: rebuild first)
         self.applied_at: float | None = None  # when the mirror last applied a ship
         self.became: float | None = None  # when this partner last became principal
+        self.refused = 0  # verbs and deliveries refused while not principal
         self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
         self.ready = asyncio.Event()
         self.boot_error: BaseException | None = None
@@ -195,6 +196,7 @@ class PartnerActor:
     async def mirror_status(self) -> dict[str, Any]:
         await self.ready.wait()
         out = await self.role() | {"broker": self.broker, "path": self.path,
+                                   "refused_not_principal": self.refused,
                                    "node": ray.get_runtime_context().get_node_id()}  # fmt: skip
         if self.shipper is not None:
             out |= self.shipper.lag() | {"became_principal_at": self.became}
@@ -226,6 +228,7 @@ class PartnerActor:
     async def _principal(self) -> BrokerActor:
         await self._ready()
         if self.service is None:
+            self.refused += 1
             raise NotPrincipal(self.partner, self.principal or None, self.epoch)
         return self.service
 

@@ -20,11 +20,15 @@ from actors.errors import MirrorMismatch, MirrorPlacement, NotPrincipal
 from actors.mirrorcommands import summary
 from actors.remote.client import Broker
 from actors.remote.mirrored import (
+    MirroredBroker,
     Partner,
+    failover,
     mirror_status,
     start_mirrored_broker,
     stop_mirrored_broker,
 )
+
+from .conftest import wait_until
 
 SCRIPT = Path(__file__).with_name("mirror_check.py")
 ROOT = SCRIPT.parents[2]
@@ -114,3 +118,41 @@ def test_a_mirror_whose_store_holds_another_broker_is_refused(mirrored, make_bro
     b = Partner("taken-b", str(tmp_path / "taken-b.sqlite"))
     with pytest.raises(MirrorMismatch, match="holds broker"):
         start_mirrored_broker("taken", a, b, force=True)
+
+
+def test_seed_001_a_sender_whose_principal_is_unreachable_sends_nothing_to_a_partner_that_does_not_claim_principal(  # noqa: E501
+    mirrored, make_broker
+):
+    # the mirror would take over only after 600 s: it stays mirror while the principal is gone
+    name, handle = mirrored(force=True, failover_after_s=600)
+    handle.create(Queue("SQ"))
+    handle.create(Service("S", "SQ", ["DEFAULT"]))
+    front = make_broker()
+    front.create(Queue("FQ"))
+    front.create(Service("F", "FQ"))
+    front.create_route("ToS", "S", handle.info()["broker_id"], f"ray://{name}-a", f"ray://{name}-b")
+    h = front.begin_dialog("F", "S")
+    front.send(h, "DEFAULT", b"1")
+    wait_until(
+        lambda: handle.queues()["SQ"]["depth"] == 1, 30, "the first message at the principal"
+    )
+
+    ray.kill(ray.get_actor(f"{name}-a", namespace="raybroker"), no_restart=True)
+    front.send(h, "DEFAULT", b"2")
+
+    def waiting_for_a_principal() -> bool:
+        rows = front.transmission_queue()
+        row = rows[0] if rows else {}
+        return "claim" in row.get("transmission_status", "") and row["attempts"] >= 2
+
+    wait_until(waiting_for_a_principal, 30, "the sender to find no principal, twice")
+    mirror = mirror_status(name)["partners"][f"{name}-b"]
+    assert mirror["role"] == "mirror" and mirror["refused_not_principal"] == 0  # sent nothing
+
+    failover(name)  # the operator's: now the partner claims principal, and the sender follows
+    wait_until(lambda: not front.transmission_queue(), 30, "the message sent to the new principal")
+    after = MirroredBroker(name)
+    assert after.name == f"{name}-b"
+    [group] = after.receive("SQ", wait=5)
+    assert [m.body for m in group.messages] == [b"1", b"2"]  # once each, in order
+    after.commit(group)
