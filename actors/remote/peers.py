@@ -56,8 +56,11 @@ class RayPeers:
     async def role(self, broker: str, timeout: float) -> Claim | None:
         """What a mirrored broker's partner claims to be (None: it cannot be asked now)."""
         try:
-            said = await asyncio.wait_for(self.handle(broker).role.remote(), timeout)
-        except (PeerUnreachable, TimeoutError, AttributeError, ray.exceptions.RayError):
-            self.handles.pop(broker, None)  # AttributeError: a broker that is not mirrored
+            handle = self.handle(broker)
+            if not hasattr(handle, "role"):  # a broker that is not mirrored: its own principal
+                return Claim(True, 0)
+            said = await asyncio.wait_for(handle.role.remote(), timeout)
+        except (PeerUnreachable, TimeoutError, ray.exceptions.RayError):
+            self.handles.pop(broker, None)
             return None
         return Claim(said.get("role") == "principal", int(said.get("epoch", 0)))
