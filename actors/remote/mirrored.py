@@ -17,7 +17,14 @@ from typing import Any, NamedTuple
 
 import ray
 
-from ..errors import MirrorMismatch, MirrorPlacement, NotPrincipal
+from ..errors import (
+    BrokerError,
+    BrokerUnavailable,
+    MirrorMismatch,
+    MirrorPlacement,
+    NotPrincipal,
+    UnknownBroker,
+)
 from ..limits import Limits
 from ..service import check_name_and_path
 from .client import DEFAULT_NAMESPACE, Broker
@@ -137,7 +144,18 @@ def _kill(actors: list[Any], witness_file: str) -> None:
 
 def roles_of(name: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
     """The witness's record: principal, mirror, epoch, synchronized, failovers."""
-    return ray.get(ray.get_actor(witness_name(name), namespace=namespace).get.remote(), timeout=10)
+    try:
+        witness = ray.get_actor(witness_name(name), namespace=namespace)
+    except ValueError:
+        raise UnknownBroker(
+            name,
+            f"no mirrored broker of that name runs in namespace {namespace!r} (its witness "
+            f"{witness_name(name)!r} is not running); start it with start_mirrored_broker",
+        ) from None
+    try:
+        return ray.get(witness.get.remote(), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        raise BrokerUnavailable(f"the witness of mirrored broker {name!r}: {exc}") from None
 
 
 def mirror_status(name: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
@@ -202,7 +220,11 @@ class MirroredBroker(Broker):
             ready, _ = ray.wait([ref], timeout=WATCH_S)
             if ready:
                 return ray.get(ref)
-            if self._moved(roles_of(self.mirrored, self.namespace)):
+            try:
+                moved = self._moved(roles_of(self.mirrored, self.namespace))
+            except BrokerError:  # the witness cannot say now: keep waiting for the answer
+                moved = False
+            if moved:
                 raise PrincipalMoved(self.name)
 
     async def result_async(self, ref: ray.ObjectRef) -> Any:
@@ -210,7 +232,11 @@ class MirroredBroker(Broker):
         while True:
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(asyncio.shield(ref), WATCH_S)
-            if self._moved(await witness.get.remote()):
+            try:
+                moved = self._moved(await asyncio.wait_for(witness.get.remote(), 10))
+            except (TimeoutError, ray.exceptions.RayError):
+                moved = False  # the witness cannot say now: keep waiting for the answer
+            if moved:
                 raise PrincipalMoved(self.name)
 
     def _moved(self, roles: dict[str, Any]) -> bool:
@@ -224,7 +250,7 @@ class MirroredBroker(Broker):
         )
         if not refused and not transient:
             return False
-        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+        with contextlib.suppress(ValueError, BrokerError, ray.exceptions.RayError):
             principal = roles_of(self.mirrored, self.namespace)["principal"]
             actor = ray.get_actor(principal, namespace=self.namespace)
             self.actor, self.name = actor, principal

@@ -16,6 +16,7 @@ import pytest
 import ray
 
 from actors import Queue, Service
+from actors.cli import main
 from actors.errors import MirrorMismatch, MirrorPlacement, NotPrincipal
 from actors.mirrorcommands import summary
 from actors.remote.client import Broker
@@ -100,6 +101,21 @@ def test_two_partners_on_one_node_are_refused_unless_forced(mirrored):
     assert lines[0].startswith(f"mirrored broker {name}: epoch 1, synchronized, 0 failover")
     assert f"{name}-a: principal (synchronized, mirror lag 0 transactions" in lines[1]
     assert f"{name}-b: mirror (in step" in lines[2]
+
+
+def test_the_command_line_shows_the_partners_and_fails_over(mirrored, capsys):
+    name, handle = mirrored(force=True)
+    assert main(["mirror", "status", name]) == 0
+    out = capsys.readouterr().out
+    assert f"mirrored broker {name}: epoch 1, synchronized" in out
+    assert main(["mirror", "failover", name]) == 0
+    assert f"{name}-b is now principal of {name} (epoch 2)" in capsys.readouterr().out
+    handle.create(Queue("AfterFailover"))  # the handle follows the new principal
+    assert handle.name == f"{name}-b"
+    kinds = [e["kind"] for e in handle.events()]
+    assert "Failover" in kinds  # failovers are events of the broker
+    wait_until(lambda: mirror_status(name)["synchronized"], 60, "the old principal in step")
+    assert main(["mirror", "failover", "no-such-broker"]) == 1  # a clear error, not a trace
 
 
 def test_a_write_sent_to_the_mirror_is_refused_naming_the_principal(mirrored):
