@@ -162,6 +162,13 @@ class PartnerActor:
 
     async def _refresh(self) -> None:
         record = Roles(**await asyncio.wait_for(self.witness.get.remote(), 5.0))
+        if record.epoch < self.epoch:  # a witness that lost its record: act on nothing it says
+            log.error(
+                "partner %s: the witness is at epoch %d, behind this partner's %d (its record "
+                "file was lost?); this partner takes no role change from it",
+                self.partner, record.epoch, self.epoch,
+            )  # fmt: skip
+            return
         if record.epoch != self.epoch or record.role_of(self.partner) != self.acting:
             await self._take(record)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ..errors import BrokerError, MirrorMismatch
+from ..errors import BrokerError, MirrorMismatch, StoreError
 from ..mirroring import roles
 from ..mirroring.roles import Roles
 
@@ -49,12 +49,23 @@ class WitnessActor:
         self.events: list[dict[str, Any]] = []
 
     def _save(self) -> None:
+        """Write the record durably before anyone acts on it: a witness that forgot it would
+        hand out epochs again."""
         tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.roles.as_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.roles.as_dict(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise StoreError(
+                self.path,
+                "write",
+                exc.strerror or str(exc),
+                "the witness keeps its record there, on the head node: give start_mirrored_broker "
+                "a witness_path in a directory that exists and is writable there",
+            ) from None
 
     def get(self) -> dict[str, Any]:
         return self.roles.as_dict()
