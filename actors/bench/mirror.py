@@ -28,6 +28,7 @@ from ray.cluster_utils import Cluster
 
 from .. import Begin, Queue, Send, Service, start_broker
 from ..audit import read_all
+from ..errors import InvalidArgument
 from ..remote.client import Broker
 from ..remote.mirrored import MirroredBroker, Partner, mirror_status, start_mirrored_broker
 from .local import receive_all, send_all
@@ -40,7 +41,10 @@ GOAL_FAILOVER_S = 5.0
 def run(load: Load = DEFAULT_LOAD, progress: Progress = print) -> Report:
     report = Report("mirror", {**asdict(load), "body_bytes": 100})
     if ray.is_initialized():
-        raise RuntimeError("bench mirror starts its own multi-node cluster: run it without Ray")
+        raise InvalidArgument(
+            "bench mirror starts its own three-node local cluster; run it in a process that has "
+            "not started or joined Ray"
+        )
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-mirror-") as tmp:
         os.environ["RAY_TMPDIR"] = tmp  # this cluster's session files stay apart
         os.environ.pop("RAY_ADDRESS", None)
