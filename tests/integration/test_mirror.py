@@ -194,3 +194,23 @@ def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_
     wait_until(lambda: mirror_status(name)["synchronized"], 60, "both partners in step again")
     status = mirror_status(name)
     assert {p["role"] for p in status["partners"].values()} == {"principal", "mirror"}
+
+
+@pytest.mark.slow
+def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp_path):
+    # its own three-node cluster, so in a process of its own (this one has the session's Ray)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    path = tmp_path / "mirror.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "bench", "mirror", "--quick", "--json", str(path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "mirror"
+    variants = [r["variant"] for r in report["rows"]]
+    assert variants[:2] == ["unmirrored: send, receive+commit", "mirrored: send, receive+commit"]
+    for row in report["rows"][:2]:
+        assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), row
+    assert report["params"]["ratio"] > 0 and 0 < report["params"]["failover_s"] < 30
