@@ -11,7 +11,9 @@ commit. Mid-stream node A is removed (its processes killed); mm-b becomes princi
 and the reader follow it, and the stream finishes. A probe measures the failover time: from the
 node's removal to the first write the new principal accepts. Then a new `zone_a` node is added:
 Ray restarts mm-a there, it rejoins as mirror and is rebuilt; an operator's failover moves the
-principal back to it, and a last round goes through.
+principal back to it, and a last round goes through. Last, seed 001 across nodes: a second
+mirrored broker loses its principal while its mirror does not claim principal; the front sends
+that partner nothing until an operator's failover makes it principal.
 
 Prints one line `RESULT {json}` and exits 0 when every message arrived exactly once and in order,
 and the partners' roles ended as expected; else 1.
@@ -235,6 +237,7 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
         s["last"] == ROUNDS for s in states
     )
     wait_until(lambda: not front.transmission_queue(), 30, "the front's transmission queue")
+    no_claim(front, root, result)
     final = mirror_status("mm")
     result["final"] = {
         "principal": final["principal"],
@@ -261,6 +264,38 @@ def store_keys(broker: Any) -> tuple[Counter[tuple[str, int]], int]:
         after = page["next"]
 
 
+def no_claim(front: Any, root: str, result: dict[str, Any]) -> None:
+    """Seed 001 across nodes: a second mirrored broker ms (partners on zone_a and zone_b, its
+    mirror slow to take over) loses its principal; the front, unable to reach it, must send
+    nothing to the partner, which does not claim principal, until an operator's failover."""
+    ms = start_mirrored_broker(
+        "ms",
+        Partner("ms-a", os.path.join(root, "ms-a.sqlite"), {"resources": {"zone_a": 0.01}}),
+        Partner("ms-b", os.path.join(root, "ms-b.sqlite"), {"resources": {"zone_b": 0.01}}),
+        failover_after_s=600,
+    )
+    ms.create(Queue("SQ"))
+    ms.create(Service("S", "SQ", ["DEFAULT"]))
+    front.create_route("ToS", "S", ms.info()["broker_id"], "ray://ms-a", "ray://ms-b")
+    h = front.begin_dialog("Shop", "S")
+    front.send(h, "DEFAULT", b"1")
+    wait_until(lambda: ms.queues()["SQ"]["depth"] == 1, 60, "the first message at ms-a")
+    ray.kill(ray.get_actor("ms-a", namespace="raybroker"), no_restart=True)
+    front.send(h, "DEFAULT", b"2")
+
+    def held_back() -> bool:
+        rows = [r for r in front.transmission_queue() if "claim" in r["transmission_status"]]
+        return bool(rows) and rows[0]["attempts"] >= 2
+
+    wait_until(held_back, 60, "the front to find no principal, twice")
+    partner = mirror_status("ms")["partners"]["ms-b"]
+    result["no_claim_refused_at_mirror"] = partner["refused_not_principal"]
+    result["no_claim_mirror_role"] = partner["role"]
+    failover("ms")
+    wait_until(lambda: MirroredBroker("ms").queues()["SQ"]["depth"] == 2, 60, "both at ms-b")
+    result["no_claim_then_followed"] = MirroredBroker("ms").name == "ms-b"
+
+
 def _in_step(name: str, mirror: str) -> bool:
     status = mirror_status(name)
     return status["mirror"] == mirror and status["synchronized"]
@@ -280,6 +315,9 @@ def passed(r: dict[str, Any]) -> bool:
         and r.get("activation_counted") == 20
         and r.get("late_delivered") == 5
         and r.get("timer_fired") is True
+        and r.get("no_claim_refused_at_mirror") == 0
+        and r.get("no_claim_mirror_role") == "mirror"
+        and r.get("no_claim_then_followed") is True
         and "error" not in r
         and "reader_error" not in r
         and "timeout" not in r

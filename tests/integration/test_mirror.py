@@ -62,6 +62,10 @@ def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_l
     assert r["activation_counted"] == 20, r
     assert r["parked_before_late"] == 5 and r["late_delivered"] == 5, r
     assert r["timer_fired"], r
+    # seed 001 across nodes: with its principal gone and the partner not claiming principal,
+    # the front sent the partner nothing; after the operator's failover it followed
+    assert r["no_claim_mirror_role"] == "mirror" and r["no_claim_refused_at_mirror"] == 0, r
+    assert r["no_claim_then_followed"], r
     # the old principal came back as mirror, caught up, and an operator's failover moved the
     # principal back to it; both failovers are events
     assert r["principal_after_manual"] == "mm-a", r
