@@ -32,7 +32,8 @@ from .replay import chunks
 log = logging.getLogger("raybroker")
 
 SHIP_MOST = 4096  # entries per ship
-RETRY_S = 0.5  # how long an unreachable mirror is left before it is tried again
+RETRY_S = 0.5  # how long an unreachable mirror is left before it is tried again (doubling)
+RETRY_MAX_S = 5.0
 
 
 class MirrorLink(Protocol):
@@ -68,6 +69,7 @@ class Shipper:
         self.fenced = fenced  # the witness knows this principal runs alone
         self.acked = -1  # the last entry the mirror holds (-1: not known to be in step)
         self.rebuilds = 0
+        self.failures = 0  # tries in a row that did not reach or rebuild the mirror
         self.ships = 0
         self.reason = "not yet in touch with the mirror"
         self._changed = asyncio.Event()
@@ -136,7 +138,12 @@ class Shipper:
                 except Exception as exc:  # unreachable, refused, behind: run alone meanwhile
                     await self._expose(exc)
                     if not isinstance(exc, MirrorBehind):
-                        await asyncio.sleep(RETRY_S)
+                        # backing off: a mirror refusing a rebuild must not cost a snapshot
+                        # of the store every half second
+                        await asyncio.sleep(min(RETRY_S * 2**self.failures, RETRY_MAX_S))
+                        self.failures += 1
+                else:
+                    self.failures = 0
             except StaleEpoch as exc:
                 self._set("stale", str(exc))
                 return
