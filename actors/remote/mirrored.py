@@ -32,7 +32,8 @@ from .partner import PartnerActor
 from .witness import WitnessActor, witness_name
 
 START_S = 60.0  # how long a start waits for the mirror to be in step
-WATCH_S = 0.25  # how often a call that has not been answered asks the witness for the principal
+WATCH_S = 0.25  # a call not answered by then asks the witness for the principal (then doubling,
+WATCH_MAX_S = 1.0  # up to this)
 
 
 class Partner(NamedTuple):
@@ -216,8 +217,10 @@ class MirroredBroker(Broker):
     # given up (`PrincipalMoved`) and sent again, with the same request id, to the new one.
 
     def result(self, ref: ray.ObjectRef) -> Any:
+        every = WATCH_S
         while True:
-            ready, _ = ray.wait([ref], timeout=WATCH_S)
+            ready, _ = ray.wait([ref], timeout=every)
+            every = min(every * 2, WATCH_MAX_S)  # a long receive asks the witness seldom
             if ready:
                 return ray.get(ref)
             try:
@@ -229,9 +232,11 @@ class MirroredBroker(Broker):
 
     async def result_async(self, ref: ray.ObjectRef) -> Any:
         witness = ray.get_actor(witness_name(self.mirrored), namespace=self.namespace)
+        every = WATCH_S
         while True:
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(ref), WATCH_S)
+                return await asyncio.wait_for(asyncio.shield(ref), every)
+            every = min(every * 2, WATCH_MAX_S)
             try:
                 moved = self._moved(await asyncio.wait_for(witness.get.remote(), 10))
             except (TimeoutError, ray.exceptions.RayError):
