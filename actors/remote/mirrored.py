@@ -33,7 +33,7 @@ from .witness import WitnessActor, witness_name
 
 START_S = 60.0  # how long a start waits for the mirror to be in step
 WATCH_S = 0.25  # a call not answered by then asks the witness for the principal (then doubling,
-WATCH_MAX_S = 1.0  # up to this)
+WATCH_MAX_S = 0.5  # up to this)
 
 
 class Partner(NamedTuple):
