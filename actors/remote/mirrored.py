@@ -20,6 +20,7 @@ import ray
 from ..errors import (
     BrokerError,
     BrokerUnavailable,
+    InvalidArgument,
     MirrorMismatch,
     MirrorPlacement,
     NotPrincipal,
@@ -96,7 +97,11 @@ def start_mirrored_broker(
         )  # fmt: skip
         .remote(name, principal.name, mirror.name, wpath, namespace)
     )
-    ray.get(witness.get.remote())  # surfaces a mismatched witness record now
+    try:
+        _get(witness.get.remote())  # surfaces a mismatched or unwritable witness record now
+    except BrokerError:
+        _kill([witness], None)
+        raise
     actors = []
     for p in (principal, mirror):
         options = {"num_cpus": 0, "max_concurrency": 1000, **p.options}
@@ -115,7 +120,17 @@ def start_mirrored_broker(
                 p.name, name, p.path, durability, dict(limits or {}), namespace, failover_after_s
             )  # fmt: skip
         )
-    infos = ray.get([a.info.remote() for a in actors])
+    try:
+        infos = _get([a.info.remote() for a in actors])  # a store that will not open, say
+    except BrokerError:
+        _kill([*actors, witness], wpath)
+        raise
+    for p, info in zip((principal, mirror), infos, strict=True):
+        if info["path"] != p.path:  # attached to a running partner started otherwise
+            raise InvalidArgument(
+                f"partner {p.name!r} already runs with store {info['path']!r}, not {p.path!r}; "
+                "start it with the same one, or stop the mirrored broker first"
+            )
     if infos[0]["node"] == infos[1]["node"] and not force:
         _kill([*actors, witness], wpath)
         raise MirrorPlacement(name, infos[0]["node"])
@@ -135,12 +150,24 @@ def start_mirrored_broker(
         time.sleep(0.05)
 
 
-def _kill(actors: list[Any], witness_file: str) -> None:
+def _get(refs: Any) -> Any:
+    """ray.get, with an error raised in the actor re-raised as itself."""
+    try:
+        return ray.get(refs, timeout=START_S)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BrokerError):
+            raise cause.with_traceback(None) from None
+        raise
+
+
+def _kill(actors: list[Any], witness_file: str | None) -> None:
     for a in actors:
         with contextlib.suppress(Exception):
             ray.kill(a, no_restart=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(witness_file)
+    if witness_file is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(witness_file)
 
 
 def roles_of(name: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:

@@ -34,6 +34,16 @@ def witness_name(broker: str) -> str:
 class WitnessActor:
     def __init__(self, broker: str, principal: str, mirror: str, path: str, namespace: str) -> None:
         self.path, self.namespace = path, namespace
+        self.events: list[dict[str, Any]] = []
+        # an error here is kept for `get` to raise as itself (Ray would pass on a constructor's
+        # error only as text)
+        self.start_error: BrokerError | None = None
+        try:
+            self._open(broker, principal, mirror, path)
+        except BrokerError as exc:
+            self.start_error = exc
+
+    def _open(self, broker: str, principal: str, mirror: str, path: str) -> None:
         record = _load(path)
         if record is None:
             self.roles = roles.first(broker, principal, mirror)
@@ -46,7 +56,6 @@ class WitnessActor:
                     f"{self.roles.mirror!r} (witness file {path!r}), not {principal!r} and "
                     f"{mirror!r}"
                 )
-        self.events: list[dict[str, Any]] = []
 
     def _save(self) -> None:
         """Write the record durably before anyone acts on it: a witness that forgot it would
@@ -68,6 +77,8 @@ class WitnessActor:
             ) from None
 
     def get(self) -> dict[str, Any]:
+        if self.start_error is not None:
+            raise self.start_error
         return self.roles.as_dict()
 
     def node(self) -> str:

@@ -17,7 +17,13 @@ import ray
 
 from actors import Queue, Service
 from actors.cli import main
-from actors.errors import MirrorMismatch, MirrorPlacement, NotPrincipal
+from actors.errors import (
+    InvalidArgument,
+    MirrorMismatch,
+    MirrorPlacement,
+    NotPrincipal,
+    StoreError,
+)
 from actors.mirrorcommands import summary
 from actors.remote.client import Broker
 from actors.remote.mirrored import (
@@ -218,3 +224,35 @@ def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp
     for row in report["rows"][:2]:
         assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), row
     assert report["params"]["ratio"] > 0 and 0 < report["params"]["failover_s"] < 30
+
+
+def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
+    ray_session, tmp_path
+):
+    a = Partner("wit-a", str(tmp_path / "wit-a.sqlite"))
+    b = Partner("wit-b", str(tmp_path / "wit-b.sqlite"))
+    nowhere = str(tmp_path / "no-such-dir" / "w.json")
+    with pytest.raises(StoreError, match="witness_path"):
+        start_mirrored_broker("wit", a, b, force=True, witness_path=nowhere)
+    record = str(tmp_path / "w.json")
+    start_mirrored_broker("wit", a, b, force=True, witness_path=record)
+    try:
+        with pytest.raises(InvalidArgument, match="already runs with store"):
+            start_mirrored_broker(
+                "wit", a, Partner("wit-b", str(tmp_path / "elsewhere.sqlite")), force=True,
+                witness_path=record,
+            )  # fmt: skip
+    finally:
+        stop_mirrored_broker("wit")
+    wait_until(lambda: _gone("wit.witness"), 30, "the witness's name to be free")
+    c = Partner("wit-c", str(tmp_path / "wit-c.sqlite"))
+    with pytest.raises(MirrorMismatch, match="has partners 'wit-a' and 'wit-b'"):
+        start_mirrored_broker("wit", a, c, force=True, witness_path=record)
+
+
+def _gone(actor: str) -> bool:
+    try:
+        ray.get_actor(actor, namespace="raybroker")
+    except ValueError:
+        return True
+    return False
