@@ -92,8 +92,19 @@ class Capture:
         return out
 
     def _record(self, statement: Statement) -> None:
-        if self._log is not None:
-            self._log.append(statement)
+        log = self._log
+        if log is not None:
+            # the same statement again (one DELETE per received group, say) joins the one
+            # before as one executemany: the same rows in the same order, one call on the mirror;
+            # never across a savepoint's start, whose rollback must cut between them
+            inside = not self._marks or len(log) - 1 >= self._marks[-1]
+            if log and inside and log[-1][1] == statement[1]:
+                many, sql, rows = log[-1]
+                rows = rows if many else [rows]
+                rows.extend(statement[2] if statement[0] else [statement[2]])
+                log[-1] = (True, sql, rows)
+            else:
+                log.append(statement)
         else:  # a write outside BEGIN..COMMIT committed on its own: its own transaction
             self.seq += 1
             self.pending.append(Entry(self.seq, self.clock(), [statement]))

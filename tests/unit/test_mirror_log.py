@@ -151,3 +151,28 @@ def test_a_ship_retried_after_a_lost_answer_applies_once(pair, core_clock):
     replay.apply(mirror.db, 0, entries)
     assert replay.apply(mirror.db, replay.held_seq(mirror), entries) == capture.seq
     assert dump(mirror) == dump(core.store)
+
+
+def test_repeated_statements_join_but_never_across_a_rolled_back_savepoint(tmp_path):
+    principal, copy = Store(str(tmp_path / "p.sqlite")), str(tmp_path / "c.sqlite")
+    replay.install(copy, replay.snapshot(principal.db))
+    capture = attach(principal)
+    ev = (1.0, "K", "s", "d")
+    with principal.tx():
+        principal.insert_events([ev, ev])
+        principal.insert_events([ev])  # the same statement: joins the one before
+        with pytest.raises(RuntimeError), principal.savepoint():
+            principal.insert_events([ev])  # same statement, in a savepoint rolled back
+            raise RuntimeError("this caller fails")
+        principal.insert_events([ev])
+    [entry] = capture.pending
+    # 2 + 1 joined; the savepoint's row was cut by its rollback; the last joined them after
+    assert [len(rows) for _, _, rows in entry.statements] == [4]
+    mirror = Store(copy)
+    try:
+        replay.apply(mirror.db, 0, list(capture.pending))
+        assert dump(mirror) == dump(principal)
+        assert len(dump(mirror)["events"]) == 4
+    finally:
+        mirror.close()
+        principal.close()
