@@ -19,6 +19,7 @@ mirror is reached through a `MirrorLink`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -32,6 +33,7 @@ from .replay import chunks
 log = logging.getLogger("raybroker")
 
 SHIP_MOST = 4096  # entries per ship
+IN_FLIGHT = 2  # ships under way at once
 RETRY_S = 0.5  # how long an unreachable mirror is left before it is tried again (doubling)
 RETRY_MAX_S = 5.0
 
@@ -76,6 +78,8 @@ class Shipper:
         self._work = asyncio.Event()
         capture.on_commit = self._work.set
         self._task: asyncio.Task | None = None
+        self._flying: collections.deque[asyncio.Future] = collections.deque()  # ships under way
+        self._sent = -1  # the last entry sent (acknowledged or not)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -149,16 +153,42 @@ class Shipper:
                 return
 
     async def _ship(self) -> None:
-        entries = self.capture.take(SHIP_MOST)
-        if not entries:
+        """Keep up to `IN_FLIGHT` ships under way (the mirror applies them in order), so a
+        commit waits for one ship's round trip, not for the one before it as well."""
+        while len(self._flying) < IN_FLIGHT:
+            entries = [e for e in self.capture.take(SHIP_MOST * IN_FLIGHT) if e.seq > self._sent]
+            if not entries:
+                break
+            entries = entries[:SHIP_MOST]
+            self._sent = entries[-1].seq
+            self._flying.append(asyncio.ensure_future(self.link.apply(self.epoch, entries)))
+        if not self._flying:
             self._work.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._work.wait(), 1.0)
             return
-        self.acked = await self.link.apply(self.epoch, entries)
+        self._work.clear()
+        first = self._flying[0]
+        more = asyncio.ensure_future(self._work.wait())
+        await asyncio.wait([first, more], return_when=asyncio.FIRST_COMPLETED)
+        more.cancel()
+        if not first.done():
+            return  # more committed meanwhile: send it alongside
+        self._flying.popleft()
+        try:
+            self.acked = max(self.acked, first.result())
+        except BaseException:
+            self._drop_flying()
+            raise
         self.ships += 1
         self.capture.drop_through(self.acked)
         self._changed.set()
+
+    def _drop_flying(self) -> None:
+        for f in self._flying:
+            f.cancel()
+        self._flying.clear()
+        self._sent = -1
 
     async def _catch_up(self) -> None:
         """Find where the mirror is; ship what it lacks, or rebuild it; then say synchronized."""
@@ -172,7 +202,7 @@ class Shipper:
             held = await self.link.apply(self.epoch, self.capture.take(SHIP_MOST))
             self.capture.drop_through(held)
         # in step: from here every caller waits for the mirror; then the witness may fail over
-        self.acked, self.fenced = held, False
+        self.acked, self.fenced, self._sent = held, False, held
         self._set("synchronized", "the mirror holds every committed transaction")
         await self.fence(True)
 
@@ -186,6 +216,7 @@ class Shipper:
         """The mirror cannot take the log: run alone, once the witness has recorded it."""
         why = str(exc) if isinstance(exc, BrokerError) else repr(exc)
         self.acked = -1  # found and caught up (or rebuilt) next time
+        self._drop_flying()
         if isinstance(exc, MirrorBehind):
             return  # it answers: rebuilt at once, callers wait meanwhile
         self.capture.pending.clear()  # the next catch-up rebuilds from a snapshot

@@ -42,6 +42,7 @@ log = logging.getLogger("raybroker")
 
 WATCH_S = 0.1  # how often the mirror pings the principal (and the principal the witness)
 PING_S = 0.3  # how long a ping may take
+GAP_S = 2.0  # how long a ship that arrived before the one it follows waits for it
 
 
 class PartnerActor:
@@ -70,6 +71,7 @@ class PartnerActor:
         self.refused = 0  # verbs and deliveries refused while not principal
         self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
         self.ready = asyncio.Event()
+        self._applied = asyncio.Event()  # a ship was applied (a later one may go next)
         self.boot_error: BaseException | None = None
         self._switching = asyncio.Lock()
         self._tasks = [asyncio.get_running_loop().create_task(self._boot())]
@@ -289,8 +291,20 @@ class PartnerActor:
         store = await self._mirror(epoch)
         if self.line != (epoch, line):
             raise MirrorBehind(-1, entries[0].seq if entries else 0)
+        # ships under way together may arrive out of order: a later one waits (briefly) for
+        # the one before it
+        deadline = time.monotonic() + GAP_S
+        while entries and replay.held_seq(store) < entries[0].seq - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # the gap stays: apply refuses it, and the principal rebuilds
+            self._applied.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), left)
+            store = await self._mirror(epoch)
         held = replay.apply(store.db, replay.held_seq(store), entries)
         self.applied_at = time.time()
+        self._applied.set()
         return held
 
     async def rebuild(

@@ -149,3 +149,55 @@ def test_a_principal_whose_epoch_is_stale_answers_not_principal(setup):
         await shipper.stop()
 
     asyncio.run(go())
+
+
+class SlowLink(Link):
+    """A mirror whose applying takes a while, taking ships in order as the partner does (a
+    ship waits for the one before it)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.flying = self.most_flying = 0
+        self.applied = asyncio.Event()
+
+    async def apply(self, epoch, entries) -> int:
+        self.flying += 1
+        self.most_flying = max(self.most_flying, self.flying)
+        try:
+            await asyncio.sleep(0.02)
+            while replay.held_seq(self.store) < entries[0].seq - 1:
+                self.applied.clear()
+                await self.applied.wait()
+            held = await super().apply(epoch, entries)
+            self.applied.set()
+            return held
+        finally:
+            self.flying -= 1
+
+
+def test_ships_go_two_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_path):
+    store = Store(str(tmp_path / "p.sqlite"))
+    capture = attach(store)
+    core = BrokerCore(store, FakeClock(), Limits())
+    link, witness = SlowLink(str(tmp_path / "m.sqlite")), Witness()
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        await shipper.settled(capture.seq)
+        waits = []
+        for _ in range(20):  # commits keep coming while ships are under way
+            open_core_dialog(core)
+            waits.append(asyncio.ensure_future(shipper.settled(capture.seq)))
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*waits)
+        await shipper.stop()
+
+    try:
+        asyncio.run(go())
+        assert link.most_flying == 2
+        assert dump(link.store) == dump(core.store)
+    finally:
+        link.store.close()
+        store.close()
