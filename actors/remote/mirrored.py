@@ -238,6 +238,17 @@ class MirroredBroker(Broker):
     def __reduce__(self):
         return MirroredBroker, (self.mirrored, self.namespace, self.retry_s)
 
+    def stop(self, delete_store: bool = False) -> None:
+        """Stop the whole mirrored broker: both partners and the witness (stopping only the
+        principal's actor would be a failover). The stores stay; `delete_store` is refused
+        (each partner's file is on its own node's disk)."""
+        if delete_store:
+            raise InvalidArgument(
+                f"mirrored broker {self.mirrored!r}: its stores are on two nodes' disks; stop it, "
+                "then delete each partner's file on its node"
+            )
+        stop_mirrored_broker(self.mirrored, self.namespace)
+
     # A call to a partner whose node just died may hang until Ray notices the node is gone
     # (its health checks: seconds to tens of seconds). So a call that takes longer than
     # WATCH_S asks the witness every WATCH_S whether the principal moved, and if it did, is
