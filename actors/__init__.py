@@ -26,7 +26,10 @@ from .errors import (
     InvalidArgument,
     LockNotHeld,
     MessageError,
+    MirroringError,
+    NoFailover,
     NotFound,
+    NotPrincipal,
     QueueDisabled,
     StoreError,
     StoreInUse,
@@ -39,6 +42,14 @@ from .verbs import BrokerHandle
 if TYPE_CHECKING:
     from .remote.client import Broker, connect, stop_broker
     from .remote.factory import start_broker
+    from .remote.mirrored import (
+        MirroredBroker,
+        Partner,
+        failover,
+        mirror_status,
+        start_mirrored_broker,
+        stop_mirrored_broker,
+    )
     from .remote.runtime import ensure_ray
 
 # Public name -> "module:attribute", imported on first access (PEP 562).
@@ -48,6 +59,12 @@ _LAZY: dict[str, str] = {
     "start_broker": "actors.remote.factory:start_broker",
     "stop_broker": "actors.remote.client:stop_broker",
     "ensure_ray": "actors.remote.runtime:ensure_ray",
+    "MirroredBroker": "actors.remote.mirrored:MirroredBroker",
+    "Partner": "actors.remote.mirrored:Partner",
+    "failover": "actors.remote.mirrored:failover",
+    "mirror_status": "actors.remote.mirrored:mirror_status",
+    "start_mirrored_broker": "actors.remote.mirrored:start_mirrored_broker",
+    "stop_mirrored_broker": "actors.remote.mirrored:stop_mirrored_broker",
 }
 
 
@@ -90,7 +107,12 @@ __all__ = [
     "Message",
     "MessageError",
     "MessageType",
+    "MirroredBroker",
+    "MirroringError",
+    "NoFailover",
     "NotFound",
+    "NotPrincipal",
+    "Partner",
     "Queue",
     "QueueDisabled",
     "StoreError",
@@ -102,6 +124,10 @@ __all__ = [
     "ValidationFailed",
     "connect",
     "ensure_ray",
+    "failover",
+    "mirror_status",
     "start_broker",
+    "start_mirrored_broker",
     "stop_broker",
+    "stop_mirrored_broker",
 ]

@@ -13,11 +13,12 @@ FULL_SIZE = {"ingest": 1_000_000}  # messages per scenario when neither --messag
 
 
 def _bench_scenarios() -> dict[str, Callable[..., Any]]:
-    from .bench import activation, ddr, local, remote
+    from .bench import activation, ddr, local, mirror, remote
     from .bench.peers import run as peers
 
     scenarios = {"local": local.run, "activation": activation.run, "remote": remote.run}
-    return scenarios | {"ddr": ddr.run, "ingest": _ingest_bench, "peers": peers.run}
+    return scenarios | {"ddr": ddr.run, "ingest": _ingest_bench, "peers": peers.run,
+                        "mirror": mirror.run}  # fmt: skip
 
 
 def _ingest_bench(*args: Any, **kwargs: Any) -> Any:
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--path", default=None, help="a directory for the stores (kept)")
     demo.set_defaults(fn=_demo)
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
-    bench.add_argument("scenario", help="local, remote, activation, ddr, ingest or peers")
+    bench.add_argument("scenario", help="local, remote, activation, ddr, ingest, peers or mirror")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
@@ -90,8 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spark_bridge import commands as spark_commands  # argparse only: Spark loads when used
     from topologies import commands as topology_commands
 
+    from . import mirrorcommands
+
     spark_commands.add_parsers(sub)
     topology_commands.add_parsers(sub)
+    mirrorcommands.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

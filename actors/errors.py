@@ -243,3 +243,73 @@ class IngestError(InvalidArgument):
 
 class SparkUnavailable(BrokerError):
     """Spark on Ray could not start (RayDP, Java or the Python workers); the message says why."""
+
+
+# --- mirroring (actors.mirroring) ----------------------------------------------------------------
+
+
+class MirroringError(BrokerError):
+    """Base of the errors of a mirrored broker (a principal and its mirror)."""
+
+
+class NotPrincipal(MirroringError):
+    """A write (any verb but the views of roles) was sent to a partner that is not the principal.
+    `principal` names the partner that is (None: none is known now, e.g. during a failover)."""
+
+    def __init__(self, partner: str, principal: str | None, epoch: int = 0) -> None:
+        where = (
+            f"send it to {principal!r}, the principal"
+            if principal
+            else "no principal is known now; retry shortly"
+        )
+        super().__init__(f"partner {partner!r} is not the principal and takes no writes; {where}")
+        self.partner, self.principal, self.epoch = partner, principal, epoch
+
+
+class StaleEpoch(MirroringError):
+    """A partner acted on an old role assignment (`epoch`) after the witness moved on
+    (`current`): an old principal's writes are refused, so there is never a split brain."""
+
+    def __init__(self, partner: str, epoch: int, current: int) -> None:
+        super().__init__(
+            f"partner {partner!r} acted as of role epoch {epoch}, but the witness is at epoch "
+            f"{current}; it is no longer the principal and rejoins as mirror"
+        )
+        self.partner, self.epoch, self.current = partner, epoch, current
+
+
+class MirrorBehind(MirroringError):
+    """The mirror holds transactions up to `held` and was sent `got`, which does not follow:
+    it must be rebuilt from the principal (the principal does so by itself)."""
+
+    def __init__(self, held: int, got: int) -> None:
+        super().__init__(
+            f"the mirror holds transactions up to {held} and was sent {got}; it is rebuilt "
+            "from the principal"
+        )
+        self.held, self.got = held, got
+
+
+class MirrorMismatch(MirroringError):
+    """Two stores that are not copies of one broker (other broker ids, other catalogs) were
+    asked to be one mirrored broker's partners."""
+
+
+class MirrorPlacement(MirroringError):
+    """The mirror would run on the principal's node: one node's loss would take both."""
+
+    def __init__(self, broker: str, node: str) -> None:
+        super().__init__(
+            f"mirrored broker {broker!r}: principal and mirror would both run on node {node}, so "
+            "losing it loses both; place them on different nodes (or pass force=True)"
+        )
+        self.broker, self.node = broker, node
+
+
+class NoFailover(MirroringError):
+    """A failover was refused: the mirror is not synchronized (it may lack committed
+    transactions), or the principal still answers; `reason` says which."""
+
+    def __init__(self, broker: str, reason: str) -> None:
+        super().__init__(f"mirrored broker {broker!r}: no failover: {reason}")
+        self.broker, self.reason = broker, reason

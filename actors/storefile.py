@@ -99,11 +99,18 @@ class Connection(sqlite3.Connection):
     is a StoreError naming the file (`path`) and what was being done."""
 
     path = ""
+    # Set by a mirrored broker's principal (actors.mirroring.capture.Capture): it sees every
+    # statement, so each committed transaction's writes can be shipped to the mirror.
+    capture: Any = None
 
     def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        if self.capture is not None:
+            return self.capture.execute(_Cursor(self), sql, parameters)
         return _Cursor(self).execute(sql, parameters)
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> _Cursor:
+        if self.capture is not None:
+            return self.capture.executemany(_Cursor(self), sql, seq_of_parameters)
         return _Cursor(self).executemany(sql, seq_of_parameters)
 
     def executescript(self, sql_script: str, /) -> _Cursor:

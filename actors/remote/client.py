@@ -89,6 +89,14 @@ class _Call:
     def failed(self, exc: ray.exceptions.RayError) -> float:
         """Raise what the caller should see, or say how long to wait before trying again."""
         self.ref = None  # answered, with an error
+        if self.broker.follow(exc):  # a mirrored broker's principal moved: retry there
+            if time.monotonic() + self.delay > self.deadline:
+                raise BrokerUnavailable(
+                    f"mirrored broker {self.broker.name!r} had no principal within "
+                    f"{self.broker.retry_s}s ({exc})"
+                ) from None
+            delay, self.delay = self.delay, min(self.delay * 2, 0.5)
+            return delay
         if isinstance(exc, ray.exceptions.RayTaskError):
             _reraise(exc)
         if not isinstance(exc, _TRANSIENT):
@@ -136,12 +144,24 @@ class Broker(Verbs):
     def _owner(self) -> tuple[str, Any] | None:
         return lock_holder()
 
+    def result(self, ref: ray.ObjectRef) -> Any:
+        """A call's answer (a mirrored broker's handle also watches for a failover meanwhile)."""
+        return ray.get(ref)
+
+    async def result_async(self, ref: ray.ObjectRef) -> Any:
+        return await ref
+
+    def follow(self, exc: ray.exceptions.RayError) -> bool:
+        """Whether a failed call should be retried on another actor this handle now points to
+        (a mirrored broker's handle follows its principal; see actors.remote.mirrored)."""
+        return False
+
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         call = _Call(self, method, args)
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
-                    return call.answer(ray.get(call.submit()), post)
+                    return call.answer(self.result(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     time.sleep(call.failed(exc))
         finally:
@@ -218,7 +238,7 @@ class AsyncBroker(Verbs):
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
-                    return call.answer(await call.submit(), post)
+                    return call.answer(await self._sync.result_async(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     await asyncio.sleep(call.failed(exc))
         finally:

@@ -9,7 +9,8 @@ from typing import Any
 
 import ray
 
-from ..errors import BrokerError, PeerUnreachable
+from ..errors import BrokerError, NotPrincipal, PeerUnreachable
+from ..mirroring.choice import Claim
 
 log = logging.getLogger("raybroker")
 
@@ -40,6 +41,9 @@ class RayPeers:
             # the far broker raised: its own errors are worded for people; anything else is a
             # fault whose details belong in its log, not in a transmission status
             cause = getattr(exc, "cause", None)
+            if isinstance(cause, NotPrincipal):  # a mirror partner: the courier follows
+                self.handles.pop(broker, None)
+                raise cause.with_traceback(None) from None
             err = PeerUnreachable.failed(
                 broker, str(cause) if isinstance(cause, BrokerError) else ""
             )
@@ -48,3 +52,15 @@ class RayPeers:
             err = PeerUnreachable.failed(broker)
         self.handles.pop(broker, None)  # look it up again next time (it may have moved)
         raise err
+
+    async def role(self, broker: str, timeout: float) -> Claim | None:
+        """What a mirrored broker's partner claims to be (None: it cannot be asked now)."""
+        try:
+            handle = self.handle(broker)
+            if not hasattr(handle, "role"):  # a broker that is not mirrored: its own principal
+                return Claim(True, 0)
+            said = await asyncio.wait_for(handle.role.remote(), timeout)
+        except (PeerUnreachable, TimeoutError, ray.exceptions.RayError):
+            self.handles.pop(broker, None)
+            return None
+        return Claim(said.get("role") == "principal", int(said.get("epoch", 0)))

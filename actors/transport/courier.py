@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import PeerUnreachable
+from ..errors import NotPrincipal, PeerUnreachable
+from ..mirroring.choice import Claim, MirrorRoutes, pairs
 from ..routing import Hop
 from .inbound import Arrival, Drops, Receiver
 from .outbound import Dispatcher, Outbound
@@ -24,6 +25,9 @@ class Courier:
         self.peers = peers
         self.port = dispatcher.port
         self.relaying = 0  # messages held in memory while being relayed
+        # mirror pairs (seed 001): peers that can ask a partner its role send to the principal
+        self.ask = getattr(peers, "role", None)
+        self.mirrors = MirrorRoutes()
 
     async def send(self, out: Outbound) -> bool:
         """Try the batch's next hops in order: a hop that is unreachable, or that answers
@@ -32,13 +36,17 @@ class Courier:
         try:
             blob = out.blob()
             why = "no next hop"
-            for n, hop in enumerate(out.hops):
+            groups = pairs(out.hops) if self.ask is not None else [[h] for h in out.hops]
+            for n, group in enumerate(groups):
                 try:
-                    reply = await self.peers.deliver(hop.broker or "", blob, limits.send_timeout_s)
+                    hop, reply = await self._try(group, blob, limits.send_timeout_s)
                 except PeerUnreachable as exc:
-                    why = f"{hop.address}: {exc.reason}"
+                    why = f"{group[0].address}: {exc.reason}"
                     continue
-                if n + 1 < len(out.hops) and refuses_all(reply):
+                except NotPrincipal as exc:  # a mirror partner on a plain route
+                    why = f"{group[0].address}: {exc}"
+                    continue
+                if n + 1 < len(groups) and refuses_all(reply):
                     why = f"{hop.address} refused it"
                     continue
                 self.dispatcher.acknowledged(out, reply, hop.address)
@@ -48,6 +56,25 @@ class Courier:
             log.exception("broker %s: sending a batch failed; it is retried", self.port.name)
             self.dispatcher.release(out)
         return False
+
+    async def _try(self, group: list[Hop], blob: bytes, timeout: float) -> tuple[Hop, bytes]:
+        """One next hop, or a mirror pair (sent to its principal only; see actors.mirroring)."""
+        if len(group) == 1:
+            return group[0], await self.peers.deliver(group[0].broker or "", blob, timeout)
+        by_name = {h.broker or "": h for h in group}
+        sent_to: list[str] = []
+
+        async def ask(partner: str) -> Claim | None:
+            assert self.ask is not None
+            return await self.ask(partner, timeout)
+
+        async def send(partner: str) -> bytes:
+            sent_to.append(partner)
+            return await self.peers.deliver(partner, blob, timeout)
+
+        a, b = (h.broker or "" for h in group)
+        reply = await self.mirrors.send(a, b, ask, send)
+        return by_name[sent_to[-1]], reply
 
     async def deliver(self, blob: bytes) -> bytes:
         """Bundles from another broker: deliver here, relay onward, answer for all of them."""
@@ -77,8 +104,9 @@ class Courier:
                     return await self.peers.deliver(
                         hop.broker or "", blob, port.limits.send_timeout_s
                     )
-                except PeerUnreachable as exc:
-                    why = f"{port.name} could not forward to {hop.address}: {exc.reason}"
+                except (PeerUnreachable, NotPrincipal) as exc:
+                    said = exc.reason if isinstance(exc, PeerUnreachable) else str(exc)
+                    why = f"{port.name} could not forward to {hop.address}: {said}"
             self._dropped(bundles, why)
             return _refused(why)
         finally:

@@ -56,6 +56,13 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.SparkUnavailable: errors.SparkUnavailable("Spark on Ray did not start (no java)"),
     errors.PeerUnreachable: errors.PeerUnreachable("B", "not running"),
     errors.ReaderLost: errors.ReaderLost("Q/pool-1", None, "actor died"),
+    errors.MirroringError: errors.MirroringError("mirroring problem"),
+    errors.NotPrincipal: errors.NotPrincipal("shop.b", "shop.a", 3),
+    errors.StaleEpoch: errors.StaleEpoch("shop.a", 2, 3),
+    errors.MirrorBehind: errors.MirrorBehind(10, 12),
+    errors.MirrorMismatch: errors.MirrorMismatch("other broker ids"),
+    errors.MirrorPlacement: errors.MirrorPlacement("shop", "node-1"),
+    errors.NoFailover: errors.NoFailover("shop", "the mirror is not synchronized"),
 }
 
 

@@ -1,0 +1,232 @@
+"""The principal's shipper: the captured log goes to the mirror in batches, and callers wait for it.
+
+One ship at a time, in order, carrying every transaction committed since the last one (a group
+commit's worth, or more while a ship was in flight): batched like everything else, never one
+call per message. A caller is answered once `settled` says so:
+
+- **synchronized**: the mirror has applied the caller's transaction ("safety full");
+- **exposed**: the mirror cannot be reached, and the witness has recorded that the principal runs
+  alone (`fence(False)`), so no failover can lose what is answered now;
+- **stale**: the witness has moved on (`StaleEpoch`): this partner is no longer principal, and the
+  caller hears `NotPrincipal` (its transaction is discarded when this partner rejoins as mirror;
+  the client retries on the new principal with the same request id).
+
+A mirror that cannot take the next entries (it is new, restarted, or missed some) is rebuilt from
+a snapshot; the entries committed while the snapshot travels follow it. Plain asyncio, no Ray: the
+mirror is reached through a `MirrorLink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ..errors import BrokerError, MirrorBehind, NotPrincipal, StaleEpoch
+from .capture import Capture, Entry
+from .replay import chunks
+
+log = logging.getLogger("raybroker")
+
+SHIP_MOST = 4096  # entries per ship
+IN_FLIGHT = 2  # ships under way at once (3 measured no faster here)
+RETRY_S = 0.5  # how long an unreachable mirror is left before it is tried again (doubling)
+RETRY_MAX_S = 5.0
+
+
+class MirrorLink(Protocol):
+    """The principal's calls to its mirror (Ray's actor calls, or in-process for tests). Any
+    failure to reach it raises `PeerUnreachable`."""
+
+    async def held(self, epoch: int) -> int:
+        """The last entry the mirror holds in this principal's line, or -1: rebuild it."""
+        ...
+
+    async def apply(self, epoch: int, entries: list[Entry]) -> int: ...
+
+    async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int: ...
+
+
+class Shipper:
+    def __init__(
+        self,
+        name: str,
+        capture: Capture,
+        epoch: int,
+        link: MirrorLink,
+        fence: Callable[[bool], Awaitable[None]],
+        snapshot: Callable[[], bytes],
+        on_event: Callable[[str, str], None] | None = None,
+        fenced: bool = False,
+    ) -> None:
+        """`fenced`: the witness already records that the mirror is not synchronized (as after a
+        promotion, when the mirror is the lost old principal): callers need not wait for it."""
+        self.name, self.capture, self.epoch, self.link = name, capture, epoch, link
+        self.fence, self.snapshot, self.on_event = fence, snapshot, on_event
+        self.state = "exposed"  # until the mirror is found in step
+        self.fenced = fenced  # the witness knows this principal runs alone
+        self.acked = -1  # the last entry the mirror holds (-1: not known to be in step)
+        self.rebuilds = 0
+        self.failures = 0  # tries in a row that did not reach or rebuild the mirror
+        self.ships = 0
+        self.reason = "not yet in touch with the mirror"
+        self._changed = asyncio.Event()
+        self._work = asyncio.Event()
+        capture.on_commit = self._work.set
+        self._task: asyncio.Task | None = None
+        self._flying: collections.deque[asyncio.Future] = collections.deque()  # ships under way
+        self._sent = -1  # the last entry sent (acknowledged or not)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop shipping; callers still waiting hear `NotPrincipal` (this partner steps down)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._set("stale", "stopped: this partner is no longer principal")
+
+    # --- callers ---------------------------------------------------------------------------------
+
+    async def settled(self, seq: int) -> None:
+        """Return once a caller whose transactions end at `seq` may be answered (see above)."""
+        while True:
+            if self.state == "stale":
+                raise NotPrincipal(self.name, None, self.epoch)
+            if self.acked >= seq or (self.state == "exposed" and self.fenced):
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    def lag(self) -> dict[str, Any]:
+        """The mirror's lag behind this principal: transactions, and seconds since the oldest
+        transaction it lacks committed."""
+        behind = max(0, self.capture.seq - max(self.acked, 0)) if self.acked >= 0 else None
+        oldest = self.capture.pending[0].at if self.capture.pending else None
+        seconds = 0.0 if oldest is None or not behind else max(0.0, time.time() - oldest)
+        return {
+            "state": self.state,
+            "lag_transactions": behind,
+            "lag_s": seconds if behind is not None else None,
+            "acked": self.acked,
+            "seq": self.capture.seq,
+            "rebuilds": self.rebuilds,
+            "ships": self.ships,
+            "reason": self.reason,
+        }
+
+    def _set(self, state: str, reason: str = "") -> None:
+        if state != self.state and self.on_event is not None:
+            self.on_event(f"Mirror{state.capitalize()}", reason or state)
+        self.state, self.reason = state, reason
+        self._changed.set()
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while self.state != "stale":
+            try:
+                try:
+                    if self.acked < 0:
+                        await self._catch_up()
+                    else:
+                        await self._ship()
+                except (StaleEpoch, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # unreachable, refused, behind: run alone meanwhile
+                    await self._expose(exc)
+                    if not isinstance(exc, MirrorBehind):
+                        # backing off: a mirror refusing a rebuild must not cost a snapshot
+                        # of the store every half second
+                        await asyncio.sleep(min(RETRY_S * 2**self.failures, RETRY_MAX_S))
+                        self.failures += 1
+                else:
+                    self.failures = 0
+            except StaleEpoch as exc:
+                self._set("stale", str(exc))
+                return
+
+    async def _ship(self) -> None:
+        """Keep up to `IN_FLIGHT` ships under way (the mirror applies them in order), so a
+        commit waits for one ship's round trip, not for the one before it as well."""
+        while len(self._flying) < IN_FLIGHT:
+            entries = [e for e in self.capture.take(SHIP_MOST * IN_FLIGHT) if e.seq > self._sent]
+            if not entries:
+                break
+            entries = entries[:SHIP_MOST]
+            self._sent = entries[-1].seq
+            self._flying.append(asyncio.ensure_future(self.link.apply(self.epoch, entries)))
+        if not self._flying:
+            self._work.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._work.wait(), 1.0)
+            return
+        self._work.clear()
+        first = self._flying[0]
+        more = asyncio.ensure_future(self._work.wait())
+        await asyncio.wait([first, more], return_when=asyncio.FIRST_COMPLETED)
+        more.cancel()
+        if not first.done():
+            return  # more committed meanwhile: send it alongside
+        self._flying.popleft()
+        try:
+            self.acked = max(self.acked, first.result())
+        except BaseException:
+            self._drop_flying()
+            raise
+        self.ships += 1
+        self.capture.drop_through(self.acked)
+        self._changed.set()
+
+    def _drop_flying(self) -> None:
+        for f in self._flying:
+            f.cancel()
+        self._flying.clear()
+        self._sent = -1
+
+    async def _catch_up(self) -> None:
+        """Find where the mirror is; ship what it lacks, or rebuild it; then say synchronized."""
+        held = await self.link.held(self.epoch)
+        pending = self.capture.pending
+        gap = pending[0].seq > held + 1 if pending else held != self.capture.seq
+        if held < 0 or held > self.capture.seq or gap:
+            held = await self._rebuild()
+        self.capture.drop_through(held)
+        while self.capture.pending:  # what committed meanwhile (callers already answered)
+            held = await self.link.apply(self.epoch, self.capture.take(SHIP_MOST))
+            self.capture.drop_through(held)
+        # in step: from here every caller waits for the mirror; then the witness may fail over
+        self.acked, self.fenced, self._sent = held, False, held
+        self._set("synchronized", "the mirror holds every committed transaction")
+        await self.fence(True)
+
+    async def _rebuild(self) -> int:
+        self.rebuilds += 1
+        seq, data = self.capture.seq, self.snapshot()  # one event-loop step: consistent
+        self.capture.drop_through(seq)
+        return await self.link.rebuild(self.epoch, seq, chunks(data))
+
+    async def _expose(self, exc: Exception) -> None:
+        """The mirror cannot take the log: run alone, once the witness has recorded it."""
+        why = str(exc) if isinstance(exc, BrokerError) else repr(exc)
+        self.acked = -1  # found and caught up (or rebuilt) next time
+        self._drop_flying()
+        if isinstance(exc, MirrorBehind):
+            return  # it answers: rebuilt at once, callers wait meanwhile
+        self.capture.pending.clear()  # the next catch-up rebuilds from a snapshot
+        while not self.fenced:
+            try:
+                await self.fence(False)
+                self.fenced = True
+            except StaleEpoch:
+                raise
+            except Exception as fault:  # the witness is unreachable: nobody may be answered
+                log.warning("mirror of %s: cannot tell the witness: %s", self.name, fault)
+                await asyncio.sleep(RETRY_S)
+        self._set("exposed", why)

@@ -1,0 +1,62 @@
+"""Calls between a mirrored broker's partners over Ray: the principal's `MirrorLink` to its
+mirror, and `unwrap`, which turns an actor call's failure into raybroker's errors (a partner's
+or the witness's own error as itself; anything that kept the call from being answered as
+`PeerUnreachable`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import ray
+
+from ..errors import BrokerError, PeerUnreachable
+from ..mirroring.capture import Entry
+
+APPLY_S = 3.0  # a ship: a batch of transactions applied in one SQLite transaction (a mirror
+# slower than this is taken for lost: the principal goes on alone, fenced by the witness)
+REBUILD_S = 120.0  # a whole store copied
+
+
+async def unwrap(ref: Any, timeout: float = 10.0, who: str = "the witness") -> Any:
+    try:
+        return await asyncio.wait_for(ref, timeout)
+    except TimeoutError:
+        raise PeerUnreachable.no_answer(who, timeout) from None
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BrokerError):
+            raise cause.with_traceback(None) from None
+        raise PeerUnreachable.failed(who) from None
+    except ray.exceptions.RayError:
+        raise PeerUnreachable.stopped(who) from None
+
+
+class RayLink:
+    """The principal's calls to the mirror partner `mirror` (see `actors.mirroring.shipper`)."""
+
+    def __init__(self, mirror: str, namespace: str, broker_id: str) -> None:
+        self.mirror, self.namespace, self.broker_id = mirror, namespace, broker_id
+        # this principal's incarnation: a mirror rebuilt by an earlier one (before a restart of
+        # this partner's process) is rebuilt again, since writes made while the broker opened
+        # its store were never shipped
+        self.line = os.urandom(8).hex()
+
+    def _handle(self) -> Any:
+        try:
+            return ray.get_actor(self.mirror, namespace=self.namespace)
+        except ValueError:
+            raise PeerUnreachable.not_running(self.mirror) from None
+
+    async def held(self, epoch: int) -> int:
+        return await unwrap(self._handle().held.remote(epoch, self.line), APPLY_S, self.mirror)
+
+    async def apply(self, epoch: int, entries: list[Entry]) -> int:
+        return await unwrap(
+            self._handle().apply.remote(epoch, self.line, entries), APPLY_S, self.mirror
+        )
+
+    async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int:
+        ref = self._handle().rebuild.remote(epoch, self.line, seq, parts, self.broker_id)
+        return await unwrap(ref, REBUILD_S, self.mirror)

@@ -1,0 +1,334 @@
+"""`PartnerActor`: one partner of a mirrored broker, principal or mirror as the witness says.
+
+As **principal** it runs a `BrokerActor` (the ordinary broker, on its own store) with the store's
+transactions captured and shipped to the mirror (`actors.mirroring.shipper`); a caller is answered
+only once the shipper says so. As **mirror** it holds only a `Store` and applies the log in order
+(`actors.mirroring.replay`); every broker verb sent to it is refused with `NotPrincipal` naming
+the principal. The mirror pings the principal; when the principal has not answered for
+`failover_after_s`, it asks the witness to promote it and then opens a broker on its store, which
+reloads everything from it (queues, dialogs, the transmission queue, timers, activation; locks
+were in memory only, so they are rolled back). A partner that learns it is no longer principal
+(its epoch is stale) closes its broker and becomes a mirror, rebuilt from the new principal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import ray
+
+from ..errors import (
+    BrokerError,
+    MirrorBehind,
+    MirrorMismatch,
+    NoFailover,
+    NotPrincipal,
+    StaleEpoch,
+)
+from ..mirroring import replay
+from ..mirroring.capture import SEQ_KEY, Capture, attach
+from ..mirroring.roles import FailureDetector, Roles
+from ..mirroring.shipper import Shipper
+from ..store import Store
+from .broker import BrokerActor
+from .link import RayLink, unwrap
+from .witness import witness_name
+
+log = logging.getLogger("raybroker")
+
+WATCH_S = 0.1  # how often the mirror pings the principal (and the principal the witness)
+PING_S = 0.3  # how long a ping may take
+GAP_S = 2.0  # how long a ship that arrived before the one it follows waits for it
+
+
+class PartnerActor:
+    def __init__(
+        self,
+        partner: str,
+        broker: str,
+        path: str,
+        durability: str,
+        limits: dict[str, Any],
+        namespace: str,
+        failover_after_s: float,
+    ) -> None:
+        self.partner, self.broker, self.path = partner, broker, path
+        self.durability, self.limits, self.namespace = durability, limits, namespace
+        self.failover_after_s = failover_after_s
+        self.acting, self.epoch, self.principal = "starting", 0, ""
+        self.service: BrokerActor | None = None
+        self.capture: Capture | None = None
+        self.shipper: Shipper | None = None
+        self.store: Store | None = None  # the mirror's
+        self.line: tuple[int, str] | None = None  # the principal (epoch, incarnation) that
+        # last rebuilt this mirror; only its log applies here (None: rebuild first)
+        self.applied_at: float | None = None  # when the mirror last applied a ship
+        self.became: float | None = None  # when this partner last became principal
+        self.refused = 0  # verbs and deliveries refused while not principal
+        self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
+        self.ready = asyncio.Event()
+        self._applied = asyncio.Event()  # a ship was applied (a later one may go next)
+        self.boot_error: BaseException | None = None
+        self._switching = asyncio.Lock()
+        self._tasks = [asyncio.get_running_loop().create_task(self._boot())]
+
+    # --- roles -----------------------------------------------------------------------------------
+
+    async def _boot(self) -> None:
+        try:
+            await self._take(Roles(**await self.witness.get.remote()))
+        except BaseException as exc:
+            self.boot_error = exc
+            raise
+        finally:
+            self.ready.set()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch()))
+
+    async def _take(self, record: Roles) -> None:
+        """Adopt the witness's record: open a broker, or become (or stay) a mirror."""
+        async with self._switching:
+            self.epoch, self.principal = record.epoch, record.principal
+            want = record.role_of(self.partner)
+            if want == self.acting:
+                if want == "principal" and self.shipper is not None:
+                    self.shipper.epoch = record.epoch
+                return
+            if want == "principal":
+                await self._become_principal(record)
+            else:
+                await self._become_mirror()
+
+    async def _become_principal(self, record: Roles) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        service = BrokerActor(self.partner, self.path, self.durability, self.limits, self.namespace)
+        if service.start_error is not None:
+            raise service.start_error
+        self.service, self.capture = service, attach(service.core.store)
+        link = RayLink(record.partner_of(self.partner), self.namespace, service.core.broker_id)
+        self.shipper = Shipper(
+            self.partner,
+            self.capture,
+            record.epoch,
+            link,
+            self._fence,
+            lambda: replay.snapshot(service.core.store.db),
+            lambda kind, detail: service.record_event(kind, self.broker, detail),
+            fenced=not record.synchronized,
+        )
+        self.shipper.start()
+        self.acting, self.became = "principal", time.time()
+        if record.last_failover and record.last_failover.get("to") == self.partner:
+            moved = record.last_failover
+            service.record_event("Failover", self.broker, f"{moved['from']} -> {self.partner}")
+
+    async def _become_mirror(self) -> None:
+        if self.service is not None:
+            assert self.shipper is not None
+            await self.shipper.stop()
+            await self.service.close()
+            self.service = self.capture = self.shipper = None
+        self.store = Store(self.path, self.durability, holder=self.partner)
+        self.acting, self.line = "mirror", None  # whoever is principal now rebuilds it
+
+    async def _fence(self, synchronized: bool) -> None:
+        await unwrap(self.witness.set_synchronized.remote(self.partner, self.epoch, synchronized))
+
+    async def _watch(self) -> None:
+        detector = FailureDetector(self.failover_after_s)
+        next_witness = 0.0
+        while True:
+            await asyncio.sleep(WATCH_S)
+            try:
+                if self.acting == "mirror":
+                    sent = time.monotonic()
+                    lost = detector.observe(await self._principal_answers(), sent)
+                    if lost:
+                        await self._promote(manual=False, reason="the principal stopped answering")
+                        detector = FailureDetector(self.failover_after_s)
+                elif self.shipper is not None and self.shipper.state == "stale":
+                    await self._refresh()
+                elif time.monotonic() >= next_witness:  # a principal checks it still is one
+                    next_witness = time.monotonic() + 1.0
+                    await self._refresh()
+            except (NoFailover, StaleEpoch) as exc:
+                log.warning("partner %s: %s", self.partner, exc)
+                await self._refresh()
+            except Exception:  # the watch must go on: logged, tried again
+                log.exception("partner %s: watching its partner failed", self.partner)
+
+    async def _refresh(self) -> None:
+        record = Roles(**await asyncio.wait_for(self.witness.get.remote(), 5.0))
+        if record.epoch < self.epoch:  # a witness that lost its record: act on nothing it says
+            log.error(
+                "partner %s: the witness is at epoch %d, behind this partner's %d (its record "
+                "file was lost?); this partner takes no role change from it",
+                self.partner, record.epoch, self.epoch,
+            )  # fmt: skip
+            return
+        if record.epoch != self.epoch or record.role_of(self.partner) != self.acting:
+            await self._take(record)
+
+    async def _principal_answers(self) -> bool:
+        try:
+            handle = ray.get_actor(self.principal, namespace=self.namespace)
+            claim = await asyncio.wait_for(handle.role.remote(), PING_S)
+        except (ValueError, TimeoutError, ray.exceptions.RayError):
+            return False
+        return claim.get("role") == "principal" or claim.get("epoch", 0) > self.epoch
+
+    async def _promote(self, manual: bool, reason: str) -> dict[str, Any]:
+        record = await unwrap(self.witness.promote.remote(self.partner, self.epoch, manual, reason))
+        await self._take(Roles(**record))
+        return record
+
+    async def failover(self) -> dict[str, Any]:
+        """The operator's failover, asked of the mirror: it becomes principal (if synchronized);
+        the old principal steps down when it next ships or checks the witness."""
+        await self.ready.wait()
+        if self.acting != "mirror":
+            raise NoFailover(self.broker, f"{self.partner!r} is the principal; ask the mirror")
+        return await self._promote(manual=True, reason="manual failover")
+
+    # --- what anyone may ask ---------------------------------------------------------------------
+
+    async def role(self) -> dict[str, Any]:
+        """What this partner claims: its role and epoch (senders on mirror routes ask this)."""
+        return {"partner": self.partner, "role": self.acting, "epoch": self.epoch,
+                "principal": self.principal}  # fmt: skip
+
+    async def mirror_status(self) -> dict[str, Any]:
+        await self.ready.wait()
+        out = await self.role() | {"broker": self.broker, "path": self.path,
+                                   "refused_not_principal": self.refused,
+                                   "node": ray.get_runtime_context().get_node_id()}  # fmt: skip
+        if self.shipper is not None:
+            out |= self.shipper.lag() | {"became_principal_at": self.became}
+        elif self.store is not None:
+            held = replay.held_seq(self.store)
+            in_step = self.line is not None and self.line[0] == self.epoch
+            out |= {"state": "in step" if in_step else "awaiting rebuild",
+                    "seq": held, "applied_at": self.applied_at}  # fmt: skip
+        return out
+
+    async def info(self) -> dict[str, Any]:
+        await self._ready()
+        if self.service is not None:
+            return await self.service.info() | await self.role()
+        assert self.store is not None
+        return await self.role() | {
+            "name": self.partner, "broker_id": self.store.broker_id, "path": self.path,
+            "durability": self.durability, "limits": self.limits,
+            "node": ray.get_runtime_context().get_node_id(),
+        }  # fmt: skip
+
+    async def _ready(self) -> None:
+        await self.ready.wait()
+        if self.boot_error is not None:
+            raise self.boot_error
+
+    # --- the principal's verbs: answered once the mirror holds them ----------------------------
+
+    async def _principal(self) -> BrokerActor:
+        await self._ready()
+        if self.service is None:
+            self.refused += 1
+            raise NotPrincipal(self.partner, self.principal or None, self.epoch)
+        return self.service
+
+    async def _answer(self, verb: str, *args: Any) -> Any:
+        """Run a broker verb as principal; answer once the shipper says so. The shipper is the
+        one this call committed under: if this partner steps down meanwhile, it says
+        `NotPrincipal` (the client retries on the new principal, with the same request id)."""
+        service = await self._principal()
+        shipper, capture = self.shipper, self.capture
+        assert shipper is not None and capture is not None
+        try:
+            out = await getattr(service, verb)(*args)
+        except Exception:
+            if self.service is not service:  # stepped down under it: its store is closed
+                raise NotPrincipal(self.partner, self.principal or None, self.epoch) from None
+            raise
+        await shipper.settled(capture.seq)
+        return out
+
+    async def call(self, order: Any, method: str, *args: Any) -> Any:
+        return await self._answer("call", order, method, *args)
+
+    async def calls(self, order: Any, batch: list) -> list:
+        return await self._answer("calls", order, batch)
+
+    async def deliver(self, blob: bytes) -> bytes:
+        return await self._answer("deliver", blob)
+
+    async def holder_alive(self, handle: Any) -> bool | None:
+        return await (await self._principal()).holder_alive(handle)
+
+    async def reader_actors(self, queue: str) -> list[Any]:
+        return await (await self._principal()).reader_actors(queue)
+
+    # --- the mirror's verbs: the principal ships here ------------------------------------------
+
+    async def _mirror(self, epoch: int) -> Store:
+        await self._ready()
+        if epoch > self.epoch:  # a failover this partner has not heard of yet
+            await self._refresh()
+        if self.acting != "mirror" or epoch != self.epoch:
+            raise StaleEpoch(f"the principal of epoch {epoch}", epoch, self.epoch)
+        assert self.store is not None
+        return self.store
+
+    async def held(self, epoch: int, line: str) -> int:
+        store = await self._mirror(epoch)
+        return replay.held_seq(store) if self.line == (epoch, line) else -1
+
+    async def apply(self, epoch: int, line: str, entries: list) -> int:
+        store = await self._mirror(epoch)
+        if self.line != (epoch, line):
+            raise MirrorBehind(-1, entries[0].seq if entries else 0)
+        # ships under way together may arrive out of order: a later one waits (briefly) for
+        # the one before it
+        deadline = time.monotonic() + GAP_S
+        while entries and replay.held_seq(store) < entries[0].seq - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # the gap stays: apply refuses it, and the principal rebuilds
+            self._applied.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), left)
+            store = await self._mirror(epoch)
+        held = replay.apply(store.db, replay.held_seq(store), entries)
+        self.applied_at = time.time()
+        self._applied.set()
+        return held
+
+    async def rebuild(
+        self, epoch: int, line: str, seq: int, parts: list[bytes], broker_id: str
+    ) -> int:
+        store = await self._mirror(epoch)
+        if store.broker_id != broker_id and not replay.is_blank(store):
+            raise MirrorMismatch(
+                f"{self.partner!r} holds broker {store.broker_id} in {self.path!r}, not broker "
+                f"{broker_id} it would mirror; give it an empty store (or the same broker's)"
+            )
+        store.close()
+        self.store = None
+        replay.install(self.path, b"".join(parts))
+        self.store = Store(self.path, self.durability, holder=self.partner)
+        self.store.set_meta(SEQ_KEY, str(seq))
+        self.line, self.applied_at = (epoch, line), time.time()
+        return seq
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(BrokerError):
+            if self.service is not None:
+                await self.service.close()
+        if self.store is not None:
+            self.store.close()

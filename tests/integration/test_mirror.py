@@ -1,0 +1,266 @@
+"""Mirrored brokers on real Ray. The failover scenario needs several nodes, so it runs in a
+subprocess (`mirror_check.py`, a `ray.cluster_utils.Cluster` of three nodes in its own temp dir)
+and prints one `RESULT {json}` line, checked here. The bad states a mirrored broker refuses run
+on the session's one-node Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+from actors import Queue, Service
+from actors.cli import main
+from actors.errors import (
+    InvalidArgument,
+    MirrorMismatch,
+    MirrorPlacement,
+    NotPrincipal,
+    StoreError,
+    UnknownBroker,
+)
+from actors.mirrorcommands import summary
+from actors.remote.client import Broker
+from actors.remote.mirrored import (
+    MirroredBroker,
+    Partner,
+    failover,
+    mirror_status,
+    start_mirrored_broker,
+    stop_mirrored_broker,
+)
+
+from .conftest import wait_until
+
+SCRIPT = Path(__file__).with_name("mirror_check.py")
+ROOT = SCRIPT.parents[2]
+
+
+@pytest.mark.slow
+def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_lost():
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    env["RAYBROKER_QUIET"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=400,
+    )  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
+    r = json.loads(lines[-1].removeprefix("RESULT "))
+    assert "error" not in r and "reader_error" not in r and "timeout" not in r, r
+    # principal and mirror on two nodes, the witness on the head
+    assert r["apart"] and r["witness_on_head"] and r["first_principal"] == "mm-a", r
+    # the principal's node removed mid-stream: the mirror took over within the bound
+    assert r["principal_after_kill"] == "mm-b" and r["epoch_after_kill"] == 2, r
+    assert r["failover_s"] < 5.0, r
+    # the stream finished on the new principal: every message once, in order, per dialog
+    assert r["sent"] == r["counted"] == r["expected"], r
+    assert (r["lost"], r["doubled"], r["out_of_order"]) == (0, 0, 0), r
+    assert r["dialogs_continued"] and r["audit_missed"] == 0, r
+    # the new principal carried on the rest of what the old one held: the activated queue's
+    # readers, the rows parked in the transmission queue, a conversation timer
+    assert r["activation_counted"] == 20, r
+    assert r["parked_before_late"] == 5 and r["late_delivered"] == 5, r
+    assert r["timer_fired"], r
+    # seed 001 across nodes: with its principal gone and the partner not claiming principal,
+    # the front sent the partner nothing; after the operator's failover it followed
+    assert r["no_claim_mirror_role"] == "mirror" and r["no_claim_refused_at_mirror"] == 0, r
+    assert r["no_claim_then_followed"], r
+    # the old principal came back as mirror, caught up, and an operator's failover moved the
+    # principal back to it; both failovers are events
+    assert r["principal_after_manual"] == "mm-a", r
+    assert r["final"] == {"principal": "mm-a", "epoch": 3, "failovers": 2, "synchronized": True,
+                          "lag": 0}, r  # fmt: skip
+    assert r["events"].count("Failover") == 2, r
+    assert run.returncode == 0 and r["passed"], r
+
+
+@pytest.fixture
+def mirrored(ray_session, tmp_path):
+    names: list[str] = []
+
+    def start(name: str | None = None, **kw):
+        name = name or f"mir-{uuid.uuid4().hex[:8]}"
+        a = Partner(f"{name}-a", str(tmp_path / f"{name}-a.sqlite"))
+        b = Partner(f"{name}-b", str(tmp_path / f"{name}-b.sqlite"))
+        handle = start_mirrored_broker(name, a, b, **kw)
+        names.append(name)
+        return name, handle
+
+    yield start
+    for name in dict.fromkeys(names):
+        with contextlib.suppress(UnknownBroker):  # a test may have stopped it
+            stop_mirrored_broker(name)
+
+
+def test_two_partners_on_one_node_are_refused_unless_forced(mirrored):
+    with pytest.raises(MirrorPlacement, match="both run on node"):
+        mirrored()
+    name, handle = mirrored(force=True)
+    handle.create(Queue("Q"))
+    handle.create(Service("S", "Q"))
+    status = mirror_status(name)
+    assert status["synchronized"] and status["principal_state"]["lag_transactions"] == 0
+    assert {p["role"] for p in status["partners"].values()} == {"principal", "mirror"}
+    handle.stop()  # the whole mirrored broker, not only its principal
+    wait_until(lambda: _gone(f"{name}-a") and _gone(f"{name}-b"), 30, "both partners stopped")
+    wait_until(lambda: _gone(f"{name}.witness"), 30, "the witness stopped")
+    name, handle = mirrored(name, force=True)  # started again on the same stores and record
+    assert handle.queues()["Q"]["depth"] == 0 and mirror_status(name)["epoch"] == 1
+    lines = summary(status)  # what `raybroker mirror status` prints
+    assert lines[0].startswith(f"mirrored broker {name}: epoch 1, synchronized, 0 failover")
+    assert f"{name}-a: principal (synchronized, mirror lag 0 transactions" in lines[1]
+    assert f"{name}-b: mirror (in step" in lines[2]
+
+
+def test_the_command_line_shows_the_partners_and_fails_over(mirrored, capsys):
+    name, handle = mirrored(force=True)
+    assert main(["mirror", "status", name]) == 0
+    out = capsys.readouterr().out
+    assert f"mirrored broker {name}: epoch 1, synchronized" in out
+    assert main(["mirror", "failover", name]) == 0
+    assert f"{name}-b is now principal of {name} (epoch 2)" in capsys.readouterr().out
+    handle.create(Queue("AfterFailover"))  # the handle follows the new principal
+    assert handle.name == f"{name}-b"
+    kinds = [e["kind"] for e in handle.events()]
+    assert "Failover" in kinds  # failovers are events of the broker
+    wait_until(lambda: mirror_status(name)["synchronized"], 60, "the old principal in step")
+    assert main(["mirror", "failover", "no-such-broker"]) == 1  # a clear error, not a trace
+
+
+def test_a_write_sent_to_the_mirror_is_refused_naming_the_principal(mirrored):
+    name, handle = mirrored(force=True)
+    mirror = mirror_status(name)["mirror"]
+    direct = Broker(ray.get_actor(mirror, namespace="raybroker"), mirror)
+    with pytest.raises(NotPrincipal, match=f"send it to '{name}-a'"):
+        direct.create(Queue("Q"))
+
+
+def test_a_mirror_whose_store_holds_another_broker_is_refused(mirrored, make_broker, tmp_path):
+    other = make_broker(path=str(tmp_path / "taken-b.sqlite"))
+    other.create(Queue("Elsewhere"))
+    other.stop()
+    a = Partner("taken-a", str(tmp_path / "taken-a.sqlite"))
+    b = Partner("taken-b", str(tmp_path / "taken-b.sqlite"))
+    with pytest.raises(MirrorMismatch, match="holds broker"):
+        start_mirrored_broker("taken", a, b, force=True)
+
+
+def test_seed_001_a_sender_whose_principal_is_unreachable_sends_nothing_to_a_partner_that_does_not_claim_principal(  # noqa: E501
+    mirrored, make_broker
+):
+    # the mirror would take over only after 600 s: it stays mirror while the principal is gone
+    name, handle = mirrored(force=True, failover_after_s=600)
+    handle.create(Queue("SQ"))
+    handle.create(Service("S", "SQ", ["DEFAULT"]))
+    front = make_broker()
+    front.create(Queue("FQ"))
+    front.create(Service("F", "FQ"))
+    front.create_route("ToS", "S", handle.info()["broker_id"], f"ray://{name}-a", f"ray://{name}-b")
+    h = front.begin_dialog("F", "S")
+    front.send(h, "DEFAULT", b"1")
+    wait_until(
+        lambda: handle.queues()["SQ"]["depth"] == 1, 30, "the first message at the principal"
+    )
+
+    ray.kill(ray.get_actor(f"{name}-a", namespace="raybroker"), no_restart=True)
+    front.send(h, "DEFAULT", b"2")
+
+    def waiting_for_a_principal() -> bool:
+        rows = front.transmission_queue()
+        row = rows[0] if rows else {}
+        return "claim" in row.get("transmission_status", "") and row["attempts"] >= 2
+
+    wait_until(waiting_for_a_principal, 30, "the sender to find no principal, twice")
+    mirror = mirror_status(name)["partners"][f"{name}-b"]
+    assert mirror["role"] == "mirror" and mirror["refused_not_principal"] == 0  # sent nothing
+
+    failover(name)  # the operator's: now the partner claims principal, and the sender follows
+    wait_until(lambda: not front.transmission_queue(), 30, "the message sent to the new principal")
+    after = MirroredBroker(name)
+    assert after.name == f"{name}-b"
+    [group] = after.receive("SQ", wait=5)
+    assert [m.body for m in group.messages] == [b"1", b"2"]  # once each, in order
+    after.commit(group)
+
+
+def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_once(mirrored):
+    name, mm = mirrored(force=True)
+    mm.create(Queue("Q"))
+    mm.create(Service("S", "Q", ["DEFAULT"]))
+    h = mm.begin_dialog("S", "S")
+    first = mm.name
+    for i in range(60):
+        if i == 20:  # the principal's process dies (Ray restarts it; the mirror may take over)
+            ray.kill(ray.get_actor(first, namespace="raybroker"), no_restart=False)
+        mm.send(h, "DEFAULT", b"%d" % i)  # answered only once mirrored; retried with its id
+    bodies: list[bytes] = []
+    while len(bodies) < 60:
+        groups = mm.receive("Q", wait=5)
+        assert groups, f"only {len(bodies)} of 60 came back"
+        bodies += [m.body for g in groups for m in g.messages]
+        mm.commit(groups)
+    assert bodies == [b"%d" % i for i in range(60)]  # none lost, doubled or out of order
+    wait_until(lambda: mirror_status(name)["synchronized"], 60, "both partners in step again")
+    status = mirror_status(name)
+    assert {p["role"] for p in status["partners"].values()} == {"principal", "mirror"}
+
+
+@pytest.mark.slow
+def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp_path):
+    # its own three-node cluster, so in a process of its own (this one has the session's Ray)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    path = tmp_path / "mirror.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "bench", "mirror", "--quick", "--json", str(path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "mirror"
+    variants = [r["variant"] for r in report["rows"]]
+    assert variants[:2] == ["unmirrored: send, receive+commit", "mirrored: send, receive+commit"]
+    for row in report["rows"][:2]:
+        assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), row
+    assert report["params"]["ratio"] > 0 and 0 < report["params"]["failover_s"] < 30
+
+
+def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
+    ray_session, tmp_path
+):
+    a = Partner("wit-a", str(tmp_path / "wit-a.sqlite"))
+    b = Partner("wit-b", str(tmp_path / "wit-b.sqlite"))
+    nowhere = str(tmp_path / "no-such-dir" / "w.json")
+    with pytest.raises(StoreError, match="witness_path"):
+        start_mirrored_broker("wit", a, b, force=True, witness_path=nowhere)
+    record = str(tmp_path / "w.json")
+    start_mirrored_broker("wit", a, b, force=True, witness_path=record)
+    try:
+        with pytest.raises(InvalidArgument, match="already runs with store"):
+            start_mirrored_broker(
+                "wit", a, Partner("wit-b", str(tmp_path / "elsewhere.sqlite")), force=True,
+                witness_path=record,
+            )  # fmt: skip
+    finally:
+        stop_mirrored_broker("wit")
+    wait_until(lambda: _gone("wit.witness"), 30, "the witness's name to be free")
+    c = Partner("wit-c", str(tmp_path / "wit-c.sqlite"))
+    with pytest.raises(MirrorMismatch, match="has partners 'wit-a' and 'wit-b'"):
+        start_mirrored_broker("wit", a, c, force=True, witness_path=record)
+
+
+def _gone(actor: str) -> bool:
+    try:
+        ray.get_actor(actor, namespace="raybroker")
+    except ValueError:
+        return True
+    return False

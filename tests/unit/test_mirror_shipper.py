@@ -1,0 +1,203 @@
+"""The principal's shipper over an in-process mirror (a real SQLite store applying the log) and an
+in-process witness: callers are answered only once the mirror holds their transaction; an
+unreachable mirror is run without only after the witness has recorded it; a mirror that comes
+back is rebuilt and in step again; a stale epoch ends the principal's writes. No Ray."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.core import BrokerCore, Limits
+from actors.errors import MirrorBehind, NotPrincipal, PeerUnreachable
+from actors.mirroring import replay, roles
+from actors.mirroring.capture import attach
+from actors.mirroring.shipper import Shipper
+from actors.store import Store
+from tests.fakes import FakeClock
+from tests.unit.conftest import define_core_catalog, open_core_dialog
+from tests.unit.test_mirror_log import dump
+
+
+class Link:
+    """The mirror, in process: a store that applies the log; `down` makes it unreachable."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.down, self.line = path, False, -1
+        self.store = Store(path)
+        self.calls = 0
+
+    def _reach(self) -> None:
+        if self.down:
+            raise PeerUnreachable.not_running("m")
+        self.calls += 1
+
+    async def held(self, epoch: int) -> int:
+        self._reach()
+        return replay.held_seq(self.store) if self.line == epoch else -1
+
+    async def apply(self, epoch, entries) -> int:
+        self._reach()
+        if self.line != epoch:
+            raise MirrorBehind(-1, entries[0].seq)
+        return replay.apply(self.store.db, replay.held_seq(self.store), entries)
+
+    async def rebuild(self, epoch, seq, parts) -> int:
+        self._reach()
+        self.store.close()
+        replay.install(self.path, b"".join(parts))
+        self.store = Store(self.path)
+        self.line = epoch
+        return replay.held_seq(self.store)
+
+
+class Witness:
+    def __init__(self) -> None:
+        self.roles = roles.first("b", "p", "m")
+
+    async def fence(self, synchronized: bool) -> None:
+        self.roles = roles.set_synchronized(self.roles, "p", 1, synchronized)
+
+
+async def until(cond, what: str, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = Store(str(tmp_path / "p.sqlite"))
+    capture = attach(store)
+    core = BrokerCore(store, FakeClock(), Limits())
+    link, witness = Link(str(tmp_path / "m.sqlite")), Witness()
+    yield core, capture, link, witness
+    link.store.close()
+    store.close()
+
+
+def shipper_for(core, capture, link, witness) -> Shipper:
+    return Shipper("p", capture, 1, link, witness.fence, lambda: replay.snapshot(core.store.db))
+
+
+def test_callers_wait_for_the_mirror_which_ends_equal_and_the_witness_synchronized(setup):
+    core, capture, link, witness = setup
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        await shipper.settled(capture.seq)
+        assert shipper.state == "synchronized" and shipper.rebuilds == 1  # it started empty
+        for _ in range(5):
+            open_core_dialog(core)
+            await shipper.settled(capture.seq)
+            assert replay.held_seq(link.store) == capture.seq  # answered only once mirrored
+        await until(lambda: witness.roles.synchronized, "the witness to hear it")
+        assert shipper.lag()["lag_transactions"] == 0
+        await shipper.stop()
+
+    asyncio.run(go())
+    assert dump(link.store) == dump(core.store)
+
+
+def test_a_lost_mirror_is_run_without_only_once_fenced_then_rebuilt_when_back(setup):
+    core, capture, link, witness = setup
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        await shipper.settled(capture.seq)
+        await until(lambda: witness.roles.synchronized, "synchronized")
+        link.down = True
+        open_core_dialog(core)
+        await shipper.settled(capture.seq)  # answered: the witness knows it runs alone
+        assert shipper.state == "exposed" and not witness.roles.synchronized
+        open_core_dialog(core)
+        link.down = False
+        link.line = -1  # a mirror restarted: it must be rebuilt
+        await until(lambda: shipper.state == "synchronized", "back in step", 10)
+        await shipper.settled(capture.seq)
+        await until(lambda: witness.roles.synchronized, "synchronized again")
+        assert shipper.rebuilds == 2
+        await shipper.stop()
+
+    asyncio.run(go())
+    assert dump(link.store) == dump(core.store)
+
+
+def test_a_principal_whose_epoch_is_stale_answers_not_principal(setup):
+    core, capture, link, witness = setup
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        await shipper.settled(capture.seq)
+        await until(lambda: witness.roles.synchronized, "synchronized")
+        witness.roles = roles.promote(
+            witness.roles, "m", 1, principal_answers=True, manual=True, at=0, reason="operator"
+        )
+        link.down = True  # the new principal does not take its ship: it must ask the witness
+        open_core_dialog(core)
+        with pytest.raises(NotPrincipal):
+            await shipper.settled(capture.seq)
+        assert shipper.state == "stale"
+        await shipper.stop()
+
+    asyncio.run(go())
+
+
+class SlowLink(Link):
+    """A mirror whose applying takes a while, taking ships in order as the partner does (a
+    ship waits for the one before it)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.flying = self.most_flying = 0
+        self.applied = asyncio.Event()
+
+    async def apply(self, epoch, entries) -> int:
+        self.flying += 1
+        self.most_flying = max(self.most_flying, self.flying)
+        try:
+            await asyncio.sleep(0.02)
+            while replay.held_seq(self.store) < entries[0].seq - 1:
+                self.applied.clear()
+                await self.applied.wait()
+            held = await super().apply(epoch, entries)
+            self.applied.set()
+            return held
+        finally:
+            self.flying -= 1
+
+
+def test_ships_go_two_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_path):
+    store = Store(str(tmp_path / "p.sqlite"))
+    capture = attach(store)
+    core = BrokerCore(store, FakeClock(), Limits())
+    link, witness = SlowLink(str(tmp_path / "m.sqlite")), Witness()
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        await shipper.settled(capture.seq)
+        waits = []
+        for _ in range(20):  # commits keep coming while ships are under way
+            open_core_dialog(core)
+            waits.append(asyncio.ensure_future(shipper.settled(capture.seq)))
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*waits)
+        await shipper.stop()
+
+    try:
+        asyncio.run(go())
+        assert link.most_flying == 2
+        assert dump(link.store) == dump(core.store)
+    finally:
+        link.store.close()
+        store.close()
