@@ -218,6 +218,9 @@ class Store:
     def insert_groups(self, rows: Iterable[tuple[int, str, str]]) -> None:
         self.db.executemany("INSERT INTO groups (no, group_id, queue) VALUES (?, ?, ?)", rows)
 
+    def stateful_groups(self) -> set[int]:
+        return {no for (no,) in self.db.execute("SELECT no FROM groups WHERE state IS NOT NULL")}
+
     def group_state(self, no: int) -> bytes | None:
         row = self.db.execute("SELECT state FROM groups WHERE no=?", (no,)).fetchone()
         return row[0] if row else None
@@ -275,8 +278,7 @@ class Store:
     def fetch_group(
         self, group_no: int, limit: int | None, after_id: int = 0
     ) -> list[tuple[Any, ...]]:
-        """Waiting messages of one group in queue order: (id, endpoint_no, seq, type, body,
-        sent_at, arrived_at)."""
+        """A group's waiting messages in queue order, as MESSAGE_COLUMNS."""
         return self.db.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE group_no=? AND id>? AND status=0 "
             "ORDER BY id LIMIT ?",
@@ -362,8 +364,7 @@ class Store:
     def due_transmission(
         self, now: float, limit: int, skip: Iterable[int] = ()
     ) -> list[TransmissionRow]:
-        """Rows whose next attempt is due, in queue order, except those of the endpoints in
-        `skip` (already being sent)."""
+        """Rows due, in queue order, but those of the endpoints in `skip` (being sent)."""
         rows = self.db.execute(
             "SELECT id, endpoint_no, seq, type, body, to_service, to_broker, attempts, "
             "enqueued_at FROM transmission WHERE next_attempt <= ? AND endpoint_no NOT IN "

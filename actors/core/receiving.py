@@ -112,7 +112,8 @@ class Receiving(Part):
                 first.setdefault(r[1], i)
             rows = sorted(rows, key=lambda r: (first[r[1]], r[2]))
         g = self.state.groups[lock.group]
-        return ReceivedGroup(g.group_id, lock.lock_id, self.store.group_state(g.no), infos, rows)
+        state = self.store.group_state(g.no) if g.stateful else None
+        return ReceivedGroup(g.group_id, lock.lock_id, state, infos, rows)
 
     def held(self, lock_ids: Iterable[str]) -> list[Lock]:
         locks, missing = [], []
@@ -191,6 +192,11 @@ class Receiving(Part):
             result = self.conversations.apply_ops(w, ops, held)
             if states:
                 self.store.set_group_states((s, by_gid[g].group) for g, s in states.items())
+                for gid in states:
+                    group = st.groups[by_gid[gid].group]
+                    if not group.stateful:
+                        group.stateful = True
+                        w.undo.append(lambda group=group: setattr(group, "stateful", False))
             if records:
                 self.store.insert_audit(w.now, audit.pack(records))
             w.after.append(lambda: self._release(committing, committed=True))

@@ -34,6 +34,7 @@ class Group:
     group_id: str
     queue: str
     members: int = 0  # endpoints in the group
+    stateful: bool = False  # a state was stored for it (else a receive need not read one)
 
 
 class Due(NamedTuple):
@@ -60,8 +61,9 @@ class BrokerState:
         self.cache = ReadCache(limits.read_cache_bytes)
         self.groups: dict[int, Group] = {}
         self.group_nos: dict[str, int] = {}  # group id -> number
+        stateful = store.stateful_groups()
         for no, gid, queue in store.load_groups():
-            self.add_group(Group(no, gid, queue))
+            self.add_group(Group(no, gid, queue, stateful=no in stateful))
         self.endpoints: dict[int, Endpoint] = {}
         self.handles: dict[str, Endpoint] = {}
         self.conversations: dict[tuple[str, bool], Endpoint] = {}  # (id, is_initiator)
