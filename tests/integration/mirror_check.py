@@ -182,12 +182,13 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     t_kill, t_kill_wall = time.monotonic(), time.time()
     cluster.remove_node(node_a, allow_graceful=False)  # the principal's node crashes
     killed.set()
-    while True:  # until a write is accepted by the new principal (not the dying old one)
+
+    def accepted_by_the_new_principal() -> bool:  # not by the dying old one
         op = Begin("Probe", "Probe")
         probe.apply([op, Send(op.handle, "DEFAULT", b"first after the failover")])
-        if probe.name == "mm-b":
-            break
-        time.sleep(0.02)
+        return probe.name == "mm-b"
+
+    wait_until(accepted_by_the_new_principal, 60, "a write accepted by the new principal")
     result["failover_s"] = round(time.monotonic() - t_kill, 2)
     status = mirror_status("mm")
     result["principal_after_kill"] = status["principal"]

@@ -9,6 +9,8 @@ import pytest
 
 from actors.cli import main
 
+from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these keys
+
 
 @pytest.mark.slow
 def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(spark, capsys):
@@ -38,18 +40,7 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
     assert ("raybroker", "end-to-end: send || receive+commit") in systems
     assert ("raw-sqlite", "insert, then select+delete") in systems
     for row in report["rows"]:
-        assert set(row) == {
-            "system",
-            "variant",
-            "messages_per_s",
-            "p50_ms",
-            "p99_ms",
-            "cpu_s_per_1k",
-            "notes",
-            "lost",
-            "doubled",
-            "out_of_order",
-        }
+        assert set(row) == ROW_FIELDS
         assert row["messages_per_s"] > 0
     assert "raw-sqlite end-to-end" in report["rows"][0]["notes"]
     assert "msg/s" in capsys.readouterr().out

@@ -11,6 +11,7 @@ import pytest
 
 from actors.coalesce import Coalescer
 from actors.errors import InvalidArgument
+from tests.fakes import apoll
 
 
 class Broker:
@@ -125,8 +126,7 @@ def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     async def main():
         c = Coalescer(broker.send, broker.wait)
         readers = [asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty)) for _ in range(5)]
-        while broker.waits == 0:  # all five found nothing and wait
-            await asyncio.sleep(0.001)
+        await apoll(lambda: broker.waits, "the readers to find nothing and wait")
         broker.put("m1", "m2", "m3", "m4", "m5")
         return await asyncio.wait_for(asyncio.gather(*readers), 5.0)
 

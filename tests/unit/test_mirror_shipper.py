@@ -15,7 +15,7 @@ from actors.mirroring import replay, roles
 from actors.mirroring.capture import attach
 from actors.mirroring.shipper import Shipper
 from actors.store import Store
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, apoll
 from tests.unit.conftest import define_core_catalog, open_core_dialog
 from tests.unit.test_mirror_log import dump
 
@@ -60,13 +60,6 @@ class Witness:
         self.roles = roles.set_synchronized(self.roles, "p", 1, synchronized)
 
 
-async def until(cond, what: str, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def setup(tmp_path):
     store = Store(str(tmp_path / "p.sqlite"))
@@ -95,7 +88,7 @@ def test_callers_wait_for_the_mirror_which_ends_equal_and_the_witness_synchroniz
             open_core_dialog(core)
             await shipper.settled(capture.seq)
             assert replay.held_seq(link.store) == capture.seq  # answered only once mirrored
-        await until(lambda: witness.roles.synchronized, "the witness to hear it")
+        await apoll(lambda: witness.roles.synchronized, "the witness to hear it")
         assert shipper.lag()["lag_transactions"] == 0
         await shipper.stop()
 
@@ -111,7 +104,7 @@ def test_a_lost_mirror_is_run_without_only_once_fenced_then_rebuilt_when_back(se
         shipper.start()
         define_core_catalog(core)
         await shipper.settled(capture.seq)
-        await until(lambda: witness.roles.synchronized, "synchronized")
+        await apoll(lambda: witness.roles.synchronized, "synchronized")
         link.down = True
         open_core_dialog(core)
         await shipper.settled(capture.seq)  # answered: the witness knows it runs alone
@@ -119,9 +112,9 @@ def test_a_lost_mirror_is_run_without_only_once_fenced_then_rebuilt_when_back(se
         open_core_dialog(core)
         link.down = False
         link.line = -1  # a mirror restarted: it must be rebuilt
-        await until(lambda: shipper.state == "synchronized", "back in step", 10)
+        await apoll(lambda: shipper.state == "synchronized", "back in step", 10)
         await shipper.settled(capture.seq)
-        await until(lambda: witness.roles.synchronized, "synchronized again")
+        await apoll(lambda: witness.roles.synchronized, "synchronized again")
         assert shipper.rebuilds == 2
         await shipper.stop()
 
@@ -137,7 +130,7 @@ def test_a_principal_whose_epoch_is_stale_answers_not_principal(setup):
         shipper.start()
         define_core_catalog(core)
         await shipper.settled(capture.seq)
-        await until(lambda: witness.roles.synchronized, "synchronized")
+        await apoll(lambda: witness.roles.synchronized, "synchronized")
         witness.roles = roles.promote(
             witness.roles, "m", 1, principal_answers=True, manual=True, at=0, reason="operator"
         )
@@ -157,14 +150,15 @@ class SlowLink(Link):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self.flying = self.most_flying = 0
+        self.flying = self.most_flying = self.started = 0
         self.applied = asyncio.Event()
 
     async def apply(self, epoch, entries) -> int:
         self.flying += 1
+        self.started += 1
         self.most_flying = max(self.most_flying, self.flying)
         try:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the link's latency: what keeps two ships under way
             while replay.held_seq(self.store) < entries[0].seq - 1:
                 self.applied.clear()
                 await self.applied.wait()
@@ -188,9 +182,10 @@ def test_ships_go_two_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_p
         await shipper.settled(capture.seq)
         waits = []
         for _ in range(20):  # commits keep coming while ships are under way
+            started = link.started
             open_core_dialog(core)
             waits.append(asyncio.ensure_future(shipper.settled(capture.seq)))
-            await asyncio.sleep(0.005)
+            await apoll(lambda started=started: link.started > started, "its ship to start")
         await asyncio.gather(*waits)
         await shipper.stop()
 
