@@ -292,26 +292,28 @@ class ReceivedGroup:
 
     @cached_property
     def messages(self) -> list[Message]:
-        eps = self.endpoints
+        # made without the frozen dataclass's __init__ (one object.__setattr__ per field): a
+        # bulk receive makes thousands, and this is most of a client's time per message
+        eps, gid, new = self.endpoints, self.group_id, object.__new__
         out = []
         for qo, ep, seq, mt, body, sent, arrived in self.rows:
             handle, conv, svc, far, contract = eps[ep]
-            out.append(
-                Message(
-                    qo,
-                    handle,
-                    conv,
-                    self.group_id,
-                    mt,
-                    body,
-                    seq,
-                    svc,
-                    far,
-                    contract,
-                    sent,
-                    arrived,
-                )
+            m = new(Message)
+            m.__dict__.update(
+                queuing_order=qo,
+                conversation_handle=handle,
+                conversation_id=conv,
+                conversation_group_id=gid,
+                message_type=mt,
+                body=body,
+                sequence_number=seq,
+                service_name=svc,
+                far_service=far,
+                contract=contract,
+                sent_at=sent,
+                arrived_at=arrived,
             )
+            out.append(m)
         return out
 
     def __len__(self) -> int:

@@ -454,9 +454,7 @@ class Store:
     # --- events, audit, request ids --------------------------------------------------------------
 
     def insert_events(self, rows: Iterable[tuple[float, str, str, str]]) -> None:
-        self.db.executemany(
-            "INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)", rows
-        )
+        self.db.executemany("INSERT INTO events (at, kind, subject, detail) VALUES (?,?,?,?)", rows)
 
     def events(self, after_id: int, limit: int) -> list[tuple[Any, ...]]:
         return self.db.execute(
@@ -483,9 +481,7 @@ class Store:
     def prune(self, table: str, keep: int) -> None:
         """Keep only the newest `keep` rows of a bounded table (events, audit)."""
         assert table in ("events", "audit")
-        self.db.execute(
-            f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table}) - ?", (keep,)
-        )
+        self.db.execute(f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table})-?", (keep,))
 
     def request_result(self, request_id: str) -> bytes | None:
         q = "SELECT result FROM requests WHERE request_id=?"
@@ -497,4 +493,6 @@ class Store:
         self.db.executemany(q, rows)
 
     def prune_requests(self, before: float) -> None:
-        self.db.execute("DELETE FROM requests WHERE at < ?", (before,))
+        # rows come in time order: delete those before the first one young enough to keep
+        q = "SELECT rowid FROM requests WHERE at >= ? ORDER BY rowid LIMIT 1"
+        self.db.execute(f"DELETE FROM requests WHERE rowid < COALESCE(({q}), 1 << 62)", (before,))

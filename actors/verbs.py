@@ -8,7 +8,8 @@ methods. `BrokerHandle` is the typed surface both implement. Plain Python, no Ra
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -48,7 +49,11 @@ def lock_ids(groups: Iterable[LockRef] | LockRef) -> list[str]:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A fresh request id: the time in nanoseconds, then 64 random bits (32 hex digits, like a
+    uuid's). Time first, so the broker's request records are appended at the end of their index
+    rather than scattered over it: a group commit then writes a few pages of it, not one per
+    call."""
+    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
 
 
 def _request_id(request_id: str | None) -> str:

@@ -41,7 +41,7 @@ class RayMetrics:
         )
         self.calls = Histogram(
             "raybroker_call_ms",
-            "milliseconds per client call to the broker",
+            "milliseconds per client call to the broker (a coalesced batch: once per verb in it)",
             boundaries=CALL_MS,
             tag_keys=("broker", "method"),
         )

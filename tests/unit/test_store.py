@@ -431,3 +431,26 @@ def test_prune_requests_forgets_only_requests_older_than_the_cutoff(store):
         store.put_requests([(f"r-{i}", float(i), b"x")])
     store.prune_requests(before=3.0)
     assert [store.request_result(f"r-{i}") for i in range(1, 5)] == [None, None, b"x", b"x"]
+
+
+def test_prune_requests_keeps_every_young_request_when_the_clock_stepped_back(store):
+    # written in this order; the clock stepped back after r-3: r-4 is old, yet after a young one
+    for i, at in enumerate((1.0, 2.0, 5.0, 2.5, 6.0), start=1):
+        store.put_requests([(f"r-{i}", at, b"x")])
+    store.prune_requests(before=3.0)
+    kept = [store.request_result(f"r-{i}") is not None for i in range(1, 6)]
+    assert kept == [False, False, True, True, True]  # r-4 waits for the next prune
+
+
+def test_prune_requests_forgets_all_when_all_are_old(store):
+    store.put_requests([(f"r-{i}", float(i), b"x") for i in range(1, 4)])
+    store.prune_requests(before=10.0)
+    assert [store.request_result(f"r-{i}") for i in range(1, 4)] == [None, None, None]
+
+
+def test_request_ids_are_unique_and_ordered_by_time():
+    from actors.verbs import new_request_id
+
+    ids = [new_request_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(len(i) == 32 for i in ids)
+    assert ids[0][:16] <= ids[-1][:16]  # the time part: appended at the end of the index

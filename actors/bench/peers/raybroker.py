@@ -16,7 +16,7 @@ from ...remote.client import Broker
 from .driver import Received, Recorder
 from .workloads import Workload, decode
 
-MAX_GROUPS = 16  # conversation groups per bulk receive
+MAX_GROUPS = 32  # conversation groups per bulk receive
 WAIT_S = 0.2  # how long an idle receive waits for messages
 
 
