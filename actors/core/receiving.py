@@ -75,7 +75,7 @@ class Receiving(Part):
             out.append(self._take(lock, rows))
             if target is not None:
                 break
-        st.counts.received += sum(len(g.messages) for g in out)
+        st.counts.received += sum(len(g.rows) for g in out)  # not .messages: built for nothing
         return out
 
     def _target_group(self, queue: str, group_id: str | None, handle: str | None) -> int | None:
