@@ -1,7 +1,7 @@
 """Raw SQLite as the floor: what one store file does for the same workload, in-process, with no
 broker logic. WAL with synchronous=NORMAL (raybroker's default), one messages table indexed by
 conversation, a producer call is one insert transaction; the single consumer takes the waiting
-messages of up to MAX_GROUPS conversations (or one message, for many-clients) and deletes them
+messages of up to GROUPS_PER_CALL conversations (or one message, for many-clients) and deletes them
 in one transaction. One thread, no locking between readers: the cheapest a store can be."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import sqlite3
 from collections.abc import Sequence
 
 from .driver import Received, Recorder
-from .workloads import Workload, decode
+from .workloads import GROUPS_PER_CALL, Workload, decode
 
-MAX_GROUPS = 16  # conversations per consume transaction, as raybroker's bulk receive
 WAIT_S = 0.2
 
 SCHEMA = """
@@ -70,7 +69,7 @@ class RawSqlite:
 
     def take(self, one: bool) -> list[Received]:
         """One transaction: the oldest message (`one`), or every waiting message of up to
-        MAX_GROUPS conversations; selected, then deleted."""
+        GROUPS_PER_CALL conversations; selected, then deleted."""
         assert self.db is not None
         db, out = self.db, []
         db.execute("BEGIN IMMEDIATE")
@@ -80,7 +79,7 @@ class RawSqlite:
             out = [decode(r[2]) for r in rows]
         else:
             convs = db.execute(
-                "SELECT DISTINCT conv FROM messages LIMIT ?", (MAX_GROUPS,)
+                "SELECT DISTINCT conv FROM messages LIMIT ?", (GROUPS_PER_CALL,)
             ).fetchall()
             for (conv,) in convs:
                 rows = db.execute(

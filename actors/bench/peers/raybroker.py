@@ -14,9 +14,8 @@ from itertools import groupby
 from ... import Begin, Queue, Send, Service, start_broker
 from ...remote.client import Broker
 from .driver import Received, Recorder
-from .workloads import Workload, decode
+from .workloads import GROUPS_PER_CALL, Workload, decode
 
-MAX_GROUPS = 32  # conversation groups per bulk receive
 WAIT_S = 0.2  # how long an idle receive waits for messages
 
 
@@ -63,7 +62,7 @@ class RayBroker:
     async def consume(self, index: int, rec: Recorder) -> None:
         assert self.w is not None
         one = self.w.per_call == 1
-        options = {"max_groups": 1, "top": 1} if one else {"max_groups": MAX_GROUPS}
+        options = {"max_groups": 1, "top": 1} if one else {"max_groups": GROUPS_PER_CALL}
         groups: list = []
         pending: list[Received] = []
         while not rec.stopping:
