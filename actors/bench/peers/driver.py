@@ -5,6 +5,7 @@ only in how they send and consume (a `Peer`)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,17 @@ class Cpu:
 
 
 async def drive(w: Workload, peer: Peer) -> Measurement:
+    # What exists before the run (the clients, Ray, the harness) is no garbage: kept out of the
+    # collector's full passes, which would otherwise stall the driver mid-run, for every system
+    gc.collect()
+    gc.freeze()
+    try:
+        return await _drive(w, peer)
+    finally:
+        gc.unfreeze()
+
+
+async def _drive(w: Workload, peer: Peer) -> Measurement:
     rec = Recorder(w.messages)
     cpu = Cpu(peer.pids())
     consumers = [asyncio.create_task(peer.consume(i, rec)) for i in range(peer.consumers(w))]
