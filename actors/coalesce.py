@@ -32,7 +32,7 @@ Call = tuple[str, tuple[Any, ...]]
 SendBatch = Callable[[list[Call]], Awaitable[list[tuple[bool, Any]]]]
 WaitReady = Callable[[str, float], Awaitable[int]]
 
-MAX_INFLIGHT = 2  # batches on the way at once: one being applied, the next one gathering
+MAX_INFLIGHT = 3  # batches on the way: one being applied, one waiting at the broker, one more
 MAX_BATCH = 512  # calls per batch
 MAX_BATCH_BYTES = 8 << 20  # body bytes per batch (each call is already within the call limit)
 WATCH_MAX_S = 1.0  # one wait_ready call waits at most this long (waiters come and go)

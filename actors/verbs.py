@@ -8,7 +8,7 @@ methods. `BrokerHandle` is the typed surface both implement. Plain Python, no Ra
 
 from __future__ import annotations
 
-import os
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -53,7 +53,7 @@ def new_request_id() -> str:
     uuid's). Time first, so the broker's request records are appended at the end of their index
     rather than scattered over it: a group commit then writes a few pages of it, not one per
     call."""
-    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
+    return f"{time.time_ns():016x}{random.getrandbits(64):016x}"  # random: reseeded on fork
 
 
 def _request_id(request_id: str | None) -> str:
