@@ -29,12 +29,18 @@ Change = Callable[[], Any]
 
 
 class _Waiting:
-    __slots__ = ("change", "take", "tag", "future")
+    __slots__ = ("change", "take", "tag", "request_id", "future")
 
     def __init__(
-        self, change: Change | None, take: Change | None, tag: str | None, future: asyncio.Future
+        self,
+        change: Change | None,
+        take: Change | None,
+        tag: str | None,
+        request_id: str | None,
+        future: asyncio.Future,
     ) -> None:
         self.change, self.take, self.tag, self.future = change, take, tag, future
+        self.request_id = request_id
 
 
 class GroupCommit:
@@ -55,20 +61,25 @@ class GroupCommit:
         return await self.enqueue(change, take, tag)
 
     def enqueue(
-        self, change: Change | None, take: Change | None = None, tag: str | None = None
+        self,
+        change: Change | None,
+        take: Change | None = None,
+        tag: str | None = None,
+        request_id: str | None = None,
     ) -> asyncio.Future:
         """`submit` without a coroutine: the answer's future. `tag`: set as the error's
-        `during` when the change (not the take) fails."""
+        `during` when the change (not the take) fails. `request_id`: the change's, so the
+        group looks up every retry at once (see `UnitOfWork.group`)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush)
-        self._queued.append(_Waiting(change, take, tag, future))
+        self._queued.append(_Waiting(change, take, tag, request_id, future))
         return future
 
     def _flush(self) -> None:
         batch, self._queued = self._queued, []
-        outcomes = self._commit([w.change for w in batch])
+        outcomes = self._commit([w.change for w in batch], [w.request_id for w in batch])
         for w, (ok, value) in zip(batch, outcomes, strict=True):
             if ok and w.take is not None:
                 ok, value = _attempt(w.take)
@@ -83,13 +94,15 @@ class GroupCommit:
             else:
                 w.future.set_exception(value)
 
-    def _commit(self, changes: list[Change | None]) -> list[tuple[bool, Any]]:
+    def _commit(
+        self, changes: list[Change | None], request_ids: list[str | None]
+    ) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = [(True, None)] * len(changes)
         if not any(c is not None for c in changes):
             return outcomes
         ran = [False] * len(changes)
         try:
-            with self.uow.group():
+            with self.uow.group(request_ids):
                 for i, change in enumerate(changes):
                     if change is None:
                         continue

@@ -294,7 +294,9 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         unpacked = unpack_ops(ops)
         if any(isinstance(op, Begin | Timer) for op in unpacked):
             self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
-        return self.commits.enqueue(lambda: self.core.apply(unpacked, request_id))
+        return self.commits.enqueue(
+            lambda: self.core.apply(unpacked, request_id), request_id=request_id
+        )
 
     def _committed(self) -> None:
         """After each group commit, before any caller of it is answered."""
@@ -335,7 +337,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         A settle's answer is not held behind a wait: with nothing to take, the caller hears at
         once that its commit is done, and waits in its next call."""
         owner_id = self._adopt(owner)
-        settling = None
+        settling = request_id = None
         if settle is not None:
             commit, rollback, ops, states, request_id = settle
             unpacked: Settle = (commit, rollback, unpack_ops(ops), states, request_id)
@@ -347,7 +349,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
                 self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
             return pack_received(groups) if packed else groups
 
-        return self.commits.enqueue(settling, take, tag="settle")
+        return self.commits.enqueue(settling, take, tag="settle", request_id=request_id)
 
     def _take(
         self, queue: str, options: dict[str, Any], owner_id: str | None, reader: str | None
@@ -435,7 +437,8 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         request_id: str | None,
     ) -> asyncio.Future:
         return self.commits.enqueue(
-            lambda: self.core.settle(commit, rollback, ops, states, request_id)
+            lambda: self.core.settle(commit, rollback, ops, states, request_id),
+            request_id=request_id,
         )
 
     async def settle(

@@ -263,10 +263,9 @@ class Store:
 
     def max_keys(self) -> tuple[int, int, int]:
         """The highest endpoint, group and message numbers in use (0 when none)."""
-        q = "SELECT COALESCE(MAX(no), 0) FROM {}"
-        ep = self.db.execute(q.format("endpoints")).fetchone()[0]
-        gr = self.db.execute(q.format("groups")).fetchone()[0]
-        msg = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
+        q = "SELECT COALESCE(MAX({}), 0) FROM {}"
+        keys = (("no", "endpoints"), ("no", "groups"), ("id", "messages"))
+        ep, gr, msg = (self.db.execute(q.format(*k)).fetchone()[0] for k in keys)
         return ep, gr, msg
 
     # --- queue messages --------------------------------------------------------------------------
@@ -483,14 +482,17 @@ class Store:
         assert table in ("events", "audit")
         self.db.execute(f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table})-?", (keep,))
 
-    def request_result(self, request_id: str) -> bytes | None:
-        q = "SELECT result FROM requests WHERE request_id=?"
-        row = self.db.execute(q, (request_id,)).fetchone()
-        return row[0] if row else None
+    def request_results(self, ids: Sequence[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}  # those of `ids` already applied: their recorded results
+        for i in range(0, len(ids), 500):  # within SQLite's bound on parameters
+            part = ids[i : i + 500]
+            marks = ",".join("?" * len(part))
+            q = f"SELECT request_id, result FROM requests WHERE request_id IN ({marks})"
+            out.update(self.db.execute(q, part).fetchall())
+        return out
 
     def put_requests(self, rows: Iterable[tuple[str, float, bytes]]) -> None:
-        q = "INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)"
-        self.db.executemany(q, rows)
+        self.db.executemany("INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)", rows)
 
     def prune_requests(self, before: float) -> None:
         # rows come in time order: delete those before the first one young enough to keep

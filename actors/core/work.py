@@ -11,7 +11,7 @@ nothing twice.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -91,12 +91,14 @@ class Changes:
 class _Group:
     """An open group commit: its units, and what is written once at its end."""
 
-    __slots__ = ("units", "touched", "requests")
+    __slots__ = ("units", "touched", "requests", "looked_up", "found")
 
     def __init__(self) -> None:
         self.units: list[Changes] = []
         self.touched: set[int] = set()  # endpoint numbers
         self.requests: dict[str, tuple[str, float, bytes]] = {}  # request id -> its record
+        self.looked_up: set[str] = set()  # request ids looked up at the group's start
+        self.found: dict[str, bytes] = {}  # those of them applied before: their results
 
 
 class UnitOfWork:
@@ -150,16 +152,22 @@ class UnitOfWork:
         return (False, None) if done is None else (True, self._recorded(request_id, verb, done))
 
     @contextmanager
-    def group(self) -> Iterator[None]:
+    def group(self, request_ids: Iterable[Any] = ()) -> Iterator[None]:
         """Group commit: the units run inside share one transaction, each on a savepoint of its
         own (one that fails is undone alone). Their in-memory changes that wait for a commit
         (ready groups, released locks, woken receivers) are applied once the group commits; if
         the commit fails, every unit's changes are undone and the error raised. Rows several
-        units rewrite (endpoints) and their request records are written once, at the end."""
+        units rewrite (endpoints) and their request records are written once, at the end.
+        `request_ids`: the units' request ids, looked up here in one statement (a retry's
+        earlier answer) rather than one each."""
         assert self._group is None, "group commits do not nest"
         self._group = g = _Group()
         try:
             with self.store.tx():
+                ids = list({r for r in request_ids if isinstance(r, str) and r})
+                if ids:
+                    g.found = self.store.request_results(ids)
+                    g.looked_up = set(ids)
                 yield
                 eps = self.state.endpoints
                 rows = [eps[no].row() for no in g.touched if no in eps]
@@ -195,9 +203,12 @@ class UnitOfWork:
         """The recorded result of a call already applied under `request_id`, or None."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgument("request_id must be a non-empty string")
-        if self._group is not None and request_id in self._group.requests:
-            return self._group.requests[request_id][2]  # applied earlier in this group
-        return self.store.request_result(request_id)
+        g = self._group
+        if g is not None and request_id in g.requests:
+            return g.requests[request_id][2]  # applied earlier in this group
+        if g is not None and request_id in g.looked_up:
+            return g.found.get(request_id)  # looked up when the group began
+        return self.store.request_results([request_id]).get(request_id)
 
     def _undo(self, w: Changes) -> None:
         st = self.state

@@ -119,6 +119,25 @@ def test_a_retry_in_the_same_group_answers_as_the_first_and_applies_once(dialogs
     assert _waiting(core, ds[0]) == [b"first", b"once"]
 
 
+def test_retries_in_a_later_group_looked_up_together_answer_as_before_and_apply_once(dialogs):
+    core, ds = dialogs
+    commits = GroupCommit(core.uow, lambda: None)
+
+    def send(i):
+        return lambda: core.apply([Send(ds[i].init, "Req", [b"once"])], f"request-{i}")
+
+    async def group(indices):
+        return await asyncio.gather(
+            *(commits.enqueue(send(i), request_id=f"request-{i}") for i in indices)
+        )
+
+    first = asyncio.run(group(range(5)))
+    # the first five again (their ids looked up as the group begins) and five new ones
+    again = asyncio.run(group(range(10)))
+    assert commits.groups == 2 and again[:5] == first
+    assert all(_waiting(core, d) == [b"first", b"once"] for d in ds[:10])
+
+
 def test_a_take_follows_its_own_change_and_sees_what_the_group_committed(dialogs):
     core, ds = dialogs
     commits = GroupCommit(core.uow, lambda: None)

@@ -130,7 +130,7 @@ def test_a_transaction_rolls_back_everything_when_its_block_raises(store):
     assert store.load_catalog() == []
     assert store.load_groups() == []
     assert _all_messages(store) == []
-    assert store.request_result("r-1") is None
+    assert store.request_results(["r-1"]).get("r-1") is None
 
 
 def test_a_store_takes_new_transactions_after_a_rollback(store):
@@ -188,7 +188,7 @@ def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
     assert s.load_endpoints() == [_endpoint_row(1)]
     assert _all_messages(s) == [_msg(1), _msg(2, status=RECEIVED)]
     assert _ids(s.transmission_for("There")) == [1]
-    assert s.request_result("r-1") == b"result"
+    assert s.request_results(["r-1"]).get("r-1") == b"result"
     assert s.max_keys() == (1, 1, 2)
     s.close()
 
@@ -421,16 +421,21 @@ def test_prune_of_an_empty_table_is_harmless(store):
 def test_a_request_result_is_found_by_its_id(store):
     store.put_requests([("r-1", 1.0, b"one")])
     store.put_requests([("r-2", 2.0, b"two")])
-    assert store.request_result("r-1") == b"one"
-    assert store.request_result("r-2") == b"two"
-    assert store.request_result("r-3") is None
+    assert store.request_results(["r-1"]).get("r-1") == b"one"
+    assert store.request_results(["r-2"]).get("r-2") == b"two"
+    assert store.request_results(["r-3"]).get("r-3") is None
 
 
 def test_prune_requests_forgets_only_requests_older_than_the_cutoff(store):
     for i in range(1, 5):
         store.put_requests([(f"r-{i}", float(i), b"x")])
     store.prune_requests(before=3.0)
-    assert [store.request_result(f"r-{i}") for i in range(1, 5)] == [None, None, b"x", b"x"]
+    assert [store.request_results([f"r-{i}"]).get(f"r-{i}") for i in range(1, 5)] == [
+        None,
+        None,
+        b"x",
+        b"x",
+    ]
 
 
 def test_prune_requests_keeps_every_young_request_when_the_clock_stepped_back(store):
@@ -438,14 +443,18 @@ def test_prune_requests_keeps_every_young_request_when_the_clock_stepped_back(st
     for i, at in enumerate((1.0, 2.0, 5.0, 2.5, 6.0), start=1):
         store.put_requests([(f"r-{i}", at, b"x")])
     store.prune_requests(before=3.0)
-    kept = [store.request_result(f"r-{i}") is not None for i in range(1, 6)]
+    kept = [store.request_results([f"r-{i}"]).get(f"r-{i}") is not None for i in range(1, 6)]
     assert kept == [False, False, True, True, True]  # r-4 waits for the next prune
 
 
 def test_prune_requests_forgets_all_when_all_are_old(store):
     store.put_requests([(f"r-{i}", float(i), b"x") for i in range(1, 4)])
     store.prune_requests(before=10.0)
-    assert [store.request_result(f"r-{i}") for i in range(1, 4)] == [None, None, None]
+    assert [store.request_results([f"r-{i}"]).get(f"r-{i}") for i in range(1, 4)] == [
+        None,
+        None,
+        None,
+    ]
 
 
 def test_request_ids_are_unique_and_ordered_by_time():
@@ -454,3 +463,9 @@ def test_request_ids_are_unique_and_ordered_by_time():
     ids = [new_request_id() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == 32 for i in ids)
     assert ids[0][:16] <= ids[-1][:16]  # the time part: appended at the end of the index
+
+
+def test_request_results_finds_any_number_of_ids_at_once(store):
+    store.put_requests([(f"r-{i}", 1.0, str(i).encode()) for i in range(0, 1200, 2)])
+    found = store.request_results([f"r-{i}" for i in range(1200)])  # over several statements
+    assert found == {f"r-{i}": str(i).encode() for i in range(0, 1200, 2)}
