@@ -31,7 +31,8 @@ STOP_WAIT_S = 30.0  # how long `stop` waits for Ray to release a killed broker's
 _TRANSIENT = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
-_token: tuple[str, ray.ObjectRef] | None = None  # (worker id, a token object it owns)
+# (worker id, its holder name, a token object it owns): made once per worker process
+_token: tuple[str, str, ray.ObjectRef] | None = None
 
 
 def lock_holder() -> tuple[str, list[ray.ObjectRef]]:
@@ -45,11 +46,11 @@ def lock_holder() -> tuple[str, list[ray.ObjectRef]]:
     global _token
     ctx = ray.get_runtime_context()
     worker = ctx.get_worker_id()
-    if _token is None or _token[0] != worker:
-        _token = (worker, ray.put(b""))
-    actor = ctx.get_actor_id()
-    holder = f"actor-{actor}-{worker[:8]}" if actor else f"worker-{worker[:16]}"
-    return holder, [_token[1]]
+    if _token is None or _token[0] != worker:  # a new process, or Ray started again in it
+        actor = ctx.get_actor_id()
+        holder = f"actor-{actor}-{worker[:8]}" if actor else f"worker-{worker[:16]}"
+        _token = (worker, holder, ray.put(b""))
+    return _token[1], [_token[2]]
 
 
 def _reraise(exc: ray.exceptions.RayTaskError) -> None:
