@@ -263,10 +263,10 @@ class Store:
 
     def max_keys(self) -> tuple[int, int, int]:
         """The highest endpoint, group and message numbers in use (0 when none)."""
-        q = "SELECT COALESCE(MAX({}), 0) FROM {}"
-        keys = (("no", "endpoints"), ("no", "groups"), ("id", "messages"))
-        ep, gr, msg = (self.db.execute(q.format(*k)).fetchone()[0] for k in keys)
-        return ep, gr, msg
+        return self.db.execute(
+            "SELECT (SELECT COALESCE(MAX(no), 0) FROM endpoints), (SELECT COALESCE(MAX(no), 0) "
+            "FROM groups), (SELECT COALESCE(MAX(id), 0) FROM messages)"
+        ).fetchone()
 
     # --- queue messages --------------------------------------------------------------------------
 

@@ -462,7 +462,8 @@ def test_request_ids_are_unique_and_ordered_by_time():
 
     ids = [new_request_id() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == 32 for i in ids)
-    assert ids[0][:16] <= ids[-1][:16]  # the time part: appended at the end of the index
+    times = [i[:16] for i in ids]
+    assert times == sorted(times)  # the time part first: appended at the end of the index
 
 
 def test_request_results_finds_any_number_of_ids_at_once(store):
