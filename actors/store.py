@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from .checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from .errors import InvalidArgument, StoreError
-from .storefile import Connection, check_file, lock, reason
+from .storefile import Connection, Savepoint, check_file, lock, reason
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -155,21 +155,9 @@ class Store:
         finally:
             self._in_tx = False
 
-    @contextmanager
-    def savepoint(self) -> Iterator[None]:
-        """One unit in the open transaction (a group commit's caller): if the block raises, only
-        its writes are undone. If SQLite dropped the whole transaction (some I/O errors do),
-        `in_tx_lost` says so: the group fails as a whole."""
-        self.db.execute("SAVEPOINT unit")
-        try:
-            yield
-        except BaseException:
-            if self.db.in_transaction:
-                with contextlib.suppress(StoreError):
-                    self.db.execute("ROLLBACK TO unit")
-                    self.db.execute("RELEASE unit")
-            raise
-        self.db.execute("RELEASE unit")
+    def savepoint(self) -> Savepoint:
+        """One unit in the open transaction (a group commit's caller); see `Savepoint`."""
+        return Savepoint(self.db)
 
     @property
     def in_tx_lost(self) -> bool:

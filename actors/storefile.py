@@ -94,6 +94,46 @@ class _Cursor(sqlite3.Cursor):
         return self._guarded(super().__next__)
 
 
+class Savepoint:
+    """One caller's unit inside a group commit's transaction (`Store.savepoint`): if the block
+    raises, only its writes are undone. A group opens one per caller, so its two statements go
+    straight to SQLite, without a cursor each (a mirror's capture, when there is one, sees
+    them as it sees every statement). If SQLite dropped the whole transaction (some I/O errors
+    do), there is nothing to roll back to: the group fails as a whole (`Store.in_tx_lost`)."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self._run("SAVEPOINT unit")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> bool:
+        if kind is None:
+            self._run("RELEASE unit")
+        elif self.db.in_transaction:
+            with contextlib.suppress(StoreError):
+                self._run("ROLLBACK TO unit")
+                self._run("RELEASE unit")
+        return False  # an error in the block goes on to the caller
+
+    def _run(self, sql: str) -> None:
+        db = self.db
+        if db.capture is not None:
+            db.execute(sql)
+            return
+        try:
+            _execute(db, sql)
+        except _NOT_FAULTS:
+            raise
+        except sqlite3.Error as exc:
+            raise _fault(db.path, sql, exc) from exc
+
+
+_execute = sqlite3.Connection.execute  # SQLite's own, no _Cursor
+
+
 class Connection(sqlite3.Connection):
     """The store's connection: `execute` and friends run on a `_Cursor`, so a fault anywhere
     is a StoreError naming the file (`path`) and what was being done."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgpack
@@ -57,23 +56,29 @@ class Event(NamedTuple):
     detail: str
 
 
-@dataclass
 class Changes:
-    """What one verb changes, gathered while its transaction is open."""
+    """What one verb changes, gathered while its transaction is open. (A plain class: two are
+    made per message in a busy broker, and a dataclass's field factories cost twice as much.)"""
 
-    now: float
-    messages: list[tuple[Any, ...]] = field(default_factory=list)  # store.insert_messages rows
-    arrivals: list[Arrived] = field(default_factory=list)
-    removals: list[Removed] = field(default_factory=list)
-    transmission: list[tuple[Any, ...]] = field(default_factory=list)
-    touched: dict[int, Endpoint] = field(default_factory=dict)  # no -> snapshot before change
-    new_endpoints: list[Endpoint] = field(default_factory=list)
-    new_nos: set[int] = field(default_factory=set)  # their numbers, for touch
-    dead_endpoints: list[Endpoint] = field(default_factory=list)
-    new_groups: list[Group] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    undo: list[Callable[[], None]] = field(default_factory=list)
-    after: list[Callable[[], None]] = field(default_factory=list)
+    __slots__ = (
+        "now", "messages", "arrivals", "removals", "transmission", "touched", "new_endpoints",
+        "new_nos", "dead_endpoints", "new_groups", "events", "undo", "after",
+    )  # fmt: skip
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.messages: list[tuple[Any, ...]] = []  # store.insert_messages rows
+        self.arrivals: list[Arrived] = []
+        self.removals: list[Removed] = []
+        self.transmission: list[tuple[Any, ...]] = []
+        self.touched: dict[int, Endpoint] = {}  # no -> snapshot before change
+        self.new_endpoints: list[Endpoint] = []
+        self.new_nos: set[int] = set()  # their numbers, for touch
+        self.dead_endpoints: list[Endpoint] = []
+        self.new_groups: list[Group] = []
+        self.events: list[Event] = []
+        self.undo: list[Callable[[], None]] = []
+        self.after: list[Callable[[], None]] = []
 
     def touch(self, ep: Endpoint) -> Endpoint:
         """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
