@@ -179,7 +179,6 @@ class Receiving(Part):
                 )
 
         def fn(w: Changes) -> dict[str, Any]:
-            records = []
             for lk in committing:
                 lk.settled = True
                 w.undo.append(lambda lk=lk: setattr(lk, "settled", False))
@@ -187,7 +186,7 @@ class Receiving(Part):
                 if lk.count:
                     self.store.remove_received(lk.group, lk.first_id, lk.last_id, retain)
                     w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
-                    records.append(self._audit_group(lk, w.now))
+                    w.audit.append(self._audit_group(lk, w.now))
             held = frozenset(lk.group for lk in committing)
             result = self.conversations.apply_ops(w, ops, held)
             if states:
@@ -197,8 +196,6 @@ class Receiving(Part):
                     if not group.stateful:
                         group.stateful = True
                         w.undo.append(lambda group=group: setattr(group, "stateful", False))
-            if records:
-                self.store.insert_audit(w.now, audit.pack(records))
             w.after.append(lambda: self._release(committing, committed=True))
             w.after.append(lambda: self._count_committed(committing))
             return {**result, "committed": sum(lk.count for lk in committing)}

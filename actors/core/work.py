@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgpack
 
+from .. import audit
 from ..dialogs import Endpoint
 from ..errors import InvalidArgument
 from ..store import Store
@@ -62,7 +63,7 @@ class Changes:
 
     __slots__ = (
         "now", "messages", "arrivals", "removals", "transmission", "touched", "new_endpoints",
-        "new_nos", "dead_endpoints", "new_groups", "events", "undo", "after",
+        "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo", "after",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -77,6 +78,7 @@ class Changes:
         self.dead_endpoints: list[Endpoint] = []
         self.new_groups: list[Group] = []
         self.events: list[Event] = []
+        self.audit: list[list[Any]] = []  # committed groups' delivery records (actors.audit)
         self.undo: list[Callable[[], None]] = []
         self.after: list[Callable[[], None]] = []
 
@@ -96,10 +98,12 @@ class Changes:
 class _Group:
     """An open group commit: its units, and what is written once at its end."""
 
-    __slots__ = ("units", "touched", "requests", "looked_up", "found")
+    __slots__ = ("units", "touched", "requests", "looked_up", "found", "audit", "audit_at")
 
     def __init__(self) -> None:
         self.units: list[Changes] = []
+        self.audit: list[list[Any]] = []  # the units' delivery records: one audit row in all
+        self.audit_at = 0.0
         self.touched: set[int] = set()  # endpoint numbers
         self.requests: dict[str, tuple[str, float, bytes]] = {}  # request id -> its record
         self.looked_up: set[str] = set()  # request ids looked up at the group's start
@@ -145,6 +149,9 @@ class UnitOfWork:
             raise
         if g is not None:  # its indexes change once the group has committed
             g.units.append(w)
+            if w.audit:
+                g.audit += w.audit
+                g.audit_at = w.now
             if request_id is not None:
                 g.requests[request_id] = record
         else:
@@ -180,6 +187,8 @@ class UnitOfWork:
                     self.store.update_endpoints(rows)
                 if g.requests:
                     self.store.put_requests(g.requests.values())
+                if g.audit:
+                    self.store.insert_audit(g.audit_at, audit.pack(g.audit))
         except BaseException:
             for w in reversed(g.units):
                 self._undo(w)
@@ -258,6 +267,8 @@ class UnitOfWork:
             store.insert_transmission(w.transmission)
         if w.events:
             store.insert_events(w.events)
+        if w.audit and self._group is None:  # a group writes its units' records at its end
+            store.insert_audit(w.now, audit.pack(w.audit))
 
     def _apply(self, w: Changes) -> None:
         """After commit: bring the in-memory indexes up to date and wake receivers."""
