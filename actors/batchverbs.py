@@ -1,6 +1,6 @@
 """The entry points of a client's coalesced calls (see actors.coalesce), which `BrokerService`
 inherits: a batch of apply / settle / receive calls started together, their changes in one group
-commit, each answered on its own; and `wait_ready`, which a client's waiting receives share."""
+commit, each answered on its own; and `wait_take`, which a client's waiting receives share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import checks
-from .envelope import unpack_ops
+from .envelope import NOTHING_RECEIVED as NOTHING
+from .envelope import pack_received, unpack_ops
 from .errors import InvalidArgument
 from .ordering import Order
 
@@ -33,7 +34,7 @@ class BatchVerbs:
         """A client's coalesced calls (see actors.coalesce): each (method, args) of
         `BATCH_VERBS`, started in the order given, their changes group-committed; returns one
         (ok, result or error) per call, so each caller gets its own answer. A receive here
-        does not wait: the client waits through `wait_ready`."""
+        does not wait: the client waits through `wait_take`."""
         if not isinstance(batch, list | tuple):
             raise InvalidArgument(f"a batch of calls must be a list, not {type(batch).__name__}")
         await self._order.turn(order)
@@ -75,15 +76,40 @@ class BatchVerbs:
             failed.set_exception(exc)
             return failed
 
-    async def wait_ready(self, queue: str, timeout: float) -> int:
+    async def wait_take(
+        self, queue: str, timeout: float, takes: list[tuple[Any, ...]]
+    ) -> tuple[int, list[tuple[bool, Any]]]:
         """Wait up to `timeout` seconds until `queue` has a conversation group a receive could
-        lock; return how many it has (0: none came). How a client's waiting receives wait
-        without a call each (see actors.coalesce)."""
+        lock, then take for a client's waiting receives: `takes` are their arguments as
+        `receive` takes them, each with what is left of its wait (one whose wait ran out takes
+        nothing). Returns how many groups are still ready and, per take, (True, what it
+        received) or (False, its error). How a client's waiting receives wait without a call
+        each, and get their messages in the round trip that brings the news (actors.coalesce)."""
         timeout = checks.seconds("timeout", timeout, zero=True)
-        deadline = time.monotonic() + timeout
+        if not isinstance(takes, list | tuple):
+            raise InvalidArgument(f"takes must be a list, not {type(takes).__name__}")
+        started = time.monotonic()
         while True:
             ready = self.core.ready_groups(queue)
-            left = deadline - time.monotonic()
+            left = started + timeout - time.monotonic()
             if ready or left <= 0:
-                return ready
+                break
             await self._wait(queue, left)
+        waited = time.monotonic() - started
+        out: list[tuple[bool, Any]] = []
+        for take in takes:
+            try:
+                out.append((True, self._take_waiting(queue, take, waited) if ready else NOTHING))
+            except Exception as exc:  # this receive's error; the others take on
+                out.append((False, exc))
+        return (self.core.ready_groups(queue) if ready else 0), out
+
+    def _take_waiting(self, queue: str, take: Any, waited: float) -> bytes:
+        if not (isinstance(take, list | tuple) and len(take) == 6):
+            raise InvalidArgument(f"a take must be a receive's arguments, not {take!r}")
+        at, left, options, owner, _settle, reader = take
+        if at != queue:
+            raise InvalidArgument(f"a take on queue {at!r} sent to wait on queue {queue!r}")
+        if checks.seconds("wait", left, zero=True) <= waited:
+            return NOTHING  # its wait ran out before a group was ready
+        return pack_received(self._take(queue, options, self._adopt(owner), reader))

@@ -13,9 +13,13 @@ start in the order given.
 
 A receive that waits cannot sit in a batch without holding the batch's other answers, so in a
 batch it takes only what is there; if it gets nothing (and settles nothing: a settle's answer is
-never held behind a wait), it waits through a watch: one `wait_ready` call per queue at a time
-for all of the handle's waiting receives, which then try again, as many as the broker says
-groups are ready.
+never held behind a wait), it waits through a watch: one `wait_take` call per queue at a time
+for all of the handle's waiting receives. It carries what each of them would take; once a group
+is ready the broker takes for them there and then, in order, so a waiting receive gets its
+messages in the round trip that brought the news. Receives that began waiting after that call
+went, and any the broker's take missed (a receive for one conversation, say), are woken to try
+again, as many as the broker says groups are still ready. A receive whose caller left before
+its taken messages came back hands them back (`abandon` rolls them back at once).
 
 Plain Python on the caller's event loop, no Ray: the Ray handle supplies `send` and `wait`.
 """
@@ -23,19 +27,27 @@ Plain Python on the caller's event loop, no Ray: the Ray handle supplies `send` 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 Call = tuple[str, tuple[Any, ...]]
-SendBatch = Callable[[list[Call]], Awaitable[list[tuple[bool, Any]]]]
-WaitReady = Callable[[str, float], Awaitable[int]]
+Outcome = tuple[bool, Any]  # (True, result) or (False, the error)
+SendBatch = Callable[[list[Call]], Awaitable[list[Outcome]]]
+# wait_take(queue, timeout, takes): the groups still ready, and an outcome per take; a take is a
+# waiting receive's arguments (as the broker's receive takes them), its wait what is left of it
+WaitTake = Callable[[str, float, list[tuple[Any, ...]]], Awaitable[tuple[int, list[Outcome]]]]
+Abandon = Callable[[Any], Awaitable[Any]]  # give back what was taken for a caller who left
+
+log = logging.getLogger("raybroker")
 
 MAX_INFLIGHT = 3  # batches on the way: one being applied, one waiting at the broker, one more
 MAX_BATCH = 512  # calls per batch
 MAX_BATCH_BYTES = 8 << 20  # body bytes per batch (each call is already within the call limit)
-WATCH_MAX_S = 1.0  # one wait_ready call waits at most this long (waiters come and go)
+WATCH_MAX_S = 1.0  # one wait_take call waits at most this long (waiters come and go)
+_TRY = object()  # a waiter's wake-up: groups are ready, try to receive
 
 
 class _Queued:
@@ -51,11 +63,12 @@ class Coalescer:
     def __init__(
         self,
         send: SendBatch,
-        wait: WaitReady,
+        wait: WaitTake,
+        abandon: Abandon,
         max_inflight: int = MAX_INFLIGHT,
         max_batch: int = MAX_BATCH,
     ) -> None:
-        self.send, self.wait = send, wait
+        self.send, self.wait, self.abandon = send, wait, abandon
         self.max_inflight, self.max_batch = max_inflight, max_batch
         self._queue: deque[_Queued] = deque()
         self._inflight = 0
@@ -86,13 +99,17 @@ class Coalescer:
             if left <= 0:
                 return result
             watch = self._watch(args[0])
-            if await watch.until_ready(left):
-                try:
-                    result = await self.call("receive", take)
-                finally:
-                    watch.tried()
-                if not empty(result):
-                    return result
+            got = await watch.until_ready(left, take, empty)
+            if got is None:
+                continue  # its time is up (the loop's check returns)
+            if got is not _TRY:
+                return got  # the broker took for it as groups became ready
+            try:
+                result = await self.call("receive", take)
+            finally:
+                watch.tried()
+            if not empty(result):
+                return result
 
     def _watch(self, queue: str) -> _Watch:
         watch = self._watches.get(queue)
@@ -152,32 +169,54 @@ class Coalescer:
             self._schedule(asyncio.get_running_loop())
 
 
+class _Waiter:
+    __slots__ = ("deadline", "future", "take", "empty")
+
+    def __init__(
+        self, deadline: float, future: asyncio.Future, take: tuple[Any, ...], empty: Any
+    ) -> None:
+        self.deadline, self.future, self.take, self.empty = deadline, future, take, empty
+
+
 class _Watch:
-    """The handle's waiting receives on one queue, and the one `wait_ready` call for them."""
+    """The handle's waiting receives on one queue, and the one `wait_take` call for them."""
 
     def __init__(self, owner: Coalescer, queue: str) -> None:
         self.owner, self.queue = owner, queue
-        self.waiters: deque[tuple[float, asyncio.Future[bool]]] = deque()
+        self.waiters: deque[_Waiter] = deque()
         self.task: asyncio.Task | None = None
         self.trying = 0  # woken waiters still trying to receive
         self.all_tried = asyncio.Event()
 
-    async def until_ready(self, timeout: float) -> bool:
-        """True once the broker says a group is ready (try to receive), False on timeout."""
+    async def until_ready(
+        self, timeout: float, take: tuple[Any, ...], empty: Callable[[Any], bool]
+    ) -> Any:
+        """What the broker took for this receive; `_TRY` once groups are ready that it should
+        try to receive itself; None when `timeout` ran out first."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        self.waiters.append((time.monotonic() + timeout, future))
+        future: asyncio.Future[Any] = loop.create_future()
+        self.waiters.append(_Waiter(time.monotonic() + timeout, future, take, empty))
         if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self._run())
         try:
-            return await future
+            await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            pass
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.result():
-                self.tried()  # woken, but its caller left before trying
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._left(future.result())  # answered, but its caller left first
             raise
         finally:
             if not future.done():
-                future.cancel()  # its waiter left: the watch skips it
+                future.cancel()  # its waiter left: the watch skips it, gives back its take
+        # answered as its time ran out, or before: what came is its answer
+        return future.result() if future.done() and not future.cancelled() else None
+
+    def _left(self, answer: Any) -> None:
+        if answer is _TRY:
+            self.tried()  # woken, but it will not try
+        else:
+            asyncio.ensure_future(self._abandon(answer))
 
     def tried(self) -> None:
         """A woken waiter has tried to receive."""
@@ -188,33 +227,47 @@ class _Watch:
     async def _run(self) -> None:
         while True:
             now = time.monotonic()
-            live = [(d, f) for d, f in self.waiters if not f.done()]
-            for d, f in live:
-                if d <= now:
-                    f.set_result(False)
-            self.waiters = deque((d, f) for d, f in live if d > now)
+            self.waiters = deque(w for w in self.waiters if not w.future.done())
             if not self.waiters:
                 return
-            timeout = min(WATCH_MAX_S, max(d for d, _ in self.waiters) - now)
+            sent = list(self.waiters)
+            timeout = min(WATCH_MAX_S, max(w.deadline for w in sent) - now)
+            takes = [(w.take[0], w.deadline - now, *w.take[2:]) for w in sent]
             try:
-                ready = await self.owner.wait(self.queue, timeout)
+                ready, outcomes = await self.owner.wait(self.queue, timeout, takes)
             except Exception as exc:  # the waiters hear it through their own next call
-                for _, f in self.waiters:
-                    if not f.done():
-                        f.set_exception(exc)
+                for w in self.waiters:
+                    if not w.future.done():
+                        w.future.set_exception(exc)
                 self.waiters.clear()
                 return
+            for w, (ok, value) in zip(sent, outcomes, strict=True):
+                if ok and w.empty(value):
+                    continue  # nothing for it: it waits on
+                if w.future.done():  # its caller left: give back what was taken for it
+                    if ok:
+                        self._left(value)
+                elif ok:
+                    w.future.set_result(value)
+                else:
+                    w.future.set_exception(value)
             self.all_tried.clear()
             while ready > 0 and self.waiters:
-                _, f = self.waiters.popleft()
-                if not f.done():
-                    f.set_result(True)
+                w = self.waiters.popleft()
+                if not w.future.done():
+                    w.future.set_result(_TRY)
                     self.trying += 1
                     ready -= 1
             if self.trying > 0:
                 # the woken try before the broker is asked again, or the same ready groups
                 # would wake more waiters than there are groups
                 await self.all_tried.wait()
+
+    async def _abandon(self, taken: Any) -> None:
+        try:
+            await self.owner.abandon(taken)
+        except Exception:  # its locks' lease runs out instead
+            log.debug("giving back what a departed receive took failed", exc_info=True)
 
 
 def _size(args: tuple[Any, ...]) -> int:

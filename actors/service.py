@@ -51,7 +51,7 @@ CLIENT_VERBS = frozenset(
     {
         "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
         "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
-        "view", "info", "wait_ready",
+        "view", "info", "wait_take",
     }
 )  # fmt: skip
 

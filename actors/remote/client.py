@@ -21,7 +21,7 @@ import ray
 
 from ..batchverbs import BATCH_VERBS
 from ..coalesce import Coalescer
-from ..envelope import NOTHING_RECEIVED
+from ..envelope import NOTHING_RECEIVED, unpack_received
 from ..errors import BrokerError, BrokerUnavailable
 from ..ordering import Issuer
 from ..verbs import Verbs
@@ -216,7 +216,8 @@ class AsyncBroker(Verbs):
         loop = asyncio.get_running_loop()  # futures belong to one loop: one coalescer each
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = Coalescer(self._send_batch, self._wait_ready)
+            coalescer = Coalescer(self._send_batch, self._wait_take, self._give_back)
+            self._coalescers[loop] = coalescer
         return coalescer
 
     async def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
@@ -231,8 +232,14 @@ class AsyncBroker(Verbs):
     async def _send_batch(self, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
         return await self._direct(_Call(self._sync, "calls", (batch,), batch=True), None)
 
-    async def _wait_ready(self, queue: str, timeout: float) -> int:
-        return await self._direct(_Call(self._sync, "wait_ready", (queue, timeout)), None)
+    async def _wait_take(
+        self, queue: str, timeout: float, takes: list[tuple[Any, ...]]
+    ) -> tuple[int, list[tuple[bool, Any]]]:
+        return await self._direct(_Call(self._sync, "wait_take", (queue, timeout, takes)), None)
+
+    async def _give_back(self, taken: bytes) -> None:
+        """Roll back what the broker took for a waiting receive whose caller left."""
+        await self.rollback(unpack_received(taken))
 
     async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
         """One actor call (one order for the handle, sync and async alike)."""

@@ -10,6 +10,7 @@ import ray
 
 from actors import Begin, Queue, Send, Service
 from actors.errors import UnknownMessageType
+from tests.fakes import apoll
 
 
 def _dialogs(broker, n: int) -> list[str]:
@@ -54,6 +55,33 @@ def test_concurrent_small_callers_share_calls_and_one_with_bad_input_fails_alone
         f"{i}".encode() for i in range(100) if i != 42
     )
     assert broker.apply([Send(handles[42], "DEFAULT", [b"again"])])  # its dialog carries on
+
+
+def test_waiting_async_receives_get_what_arrives_in_the_round_trip_that_brings_it(make_broker):
+    """The broker takes for a handle's waiting receives as messages come (actors.coalesce): no
+    receive of theirs goes after the one that found nothing."""
+    broker = make_broker()
+    handles = _dialogs(broker, 5)
+
+    async def main():
+        coalescer = broker.aio._coalescer()
+        readers = [
+            asyncio.ensure_future(broker.aio.receive("TargetQueue", wait=30)) for _ in handles
+        ]
+        watch = await apoll(lambda: coalescer._watches.get("TargetQueue"), "a watch")
+        await apoll(lambda: len(watch.waiters) == len(handles), "every reader to wait")
+        before = coalescer.batches  # the readers' receives (that found nothing) went in these
+        await broker.aio.apply([Send(h, "DEFAULT", [h.encode()]) for h in handles])
+        got = await asyncio.wait_for(asyncio.gather(*readers), 30)
+        await broker.aio.commit([g for groups in got for g in groups])
+        return got, coalescer.batches - before
+
+    got, batches = asyncio.run(main())
+    assert sorted(m.body for groups in got for g in groups for m in g.messages) == sorted(
+        h.encode() for h in handles
+    )
+    assert batches == 2  # the send and the commit: no reader asked again
+    assert broker.receive("TargetQueue") == []  # all committed
 
 
 def test_a_broker_killed_after_a_group_commits_answers_every_caller_once(make_broker):

@@ -1,6 +1,6 @@
 """Coalescing: a handle's concurrent calls go to the broker as batches, each caller answered with
 its own result or error, in the order called; waiting receives share one wait per queue. The
-broker here is a small in-memory stand-in with the two calls the coalescer makes (no Ray)."""
+broker here is a small in-memory stand-in with the calls the coalescer makes (no Ray)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from tests.fakes import apoll
 
 
 class Broker:
-    """Answers batches in order; `apply` appends to a log, `receive` pops a queue."""
+    """Answers batches in order; `apply` appends to a log, `receive` pops a queue; `wait` takes
+    for the waiting receives it carries (each takes one, in order; `refuse`: that take fails)."""
 
     def __init__(self) -> None:
         self.batches: list[list] = []
@@ -23,6 +24,9 @@ class Broker:
         self.queue: list[str] = []
         self.ready = asyncio.Event()
         self.waits = 0
+        self.taken_in_waits: list[str] = []
+        self.given_back: list = []
+        self.refuse: set[int] = set()  # indexes of takes (in a wait call) that fail
 
     async def send(self, batch):
         self.batches.append(batch)
@@ -38,13 +42,26 @@ class Broker:
                 out.append((True, [self.queue.pop(0)] if self.queue else []))
         return out
 
-    async def wait(self, queue, timeout):
+    async def wait(self, queue, timeout, takes):
         self.waits += 1
         if not self.queue:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ready.wait(), timeout)
         self.ready.clear()
-        return len(self.queue)
+        out = []
+        for i, take in enumerate(takes):
+            assert take[0] == queue and take[1] > 0 and take[4] is None  # (queue, wait left, ...)
+            if i in self.refuse:
+                out.append((False, InvalidArgument("no such queue")))
+            elif self.queue:
+                self.taken_in_waits.append(self.queue.pop(0))
+                out.append((True, [self.taken_in_waits[-1]]))
+            else:
+                out.append((True, []))
+        return len(self.queue), out
+
+    async def give_back(self, taken):
+        self.given_back += taken
 
     def put(self, *items):
         self.queue += items
@@ -59,7 +76,7 @@ def test_concurrent_calls_go_in_one_batch_each_answered_in_the_order_called():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait)
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
         return await asyncio.gather(*(c.call("apply", (i,)) for i in range(50)))
 
     answers = asyncio.run(main())
@@ -72,7 +89,7 @@ def test_a_caller_with_bad_input_gets_its_own_error_and_the_others_their_results
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait)
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
         calls = [c.call("apply", ("bad" if i == 3 else i,)) for i in range(6)]
         return await asyncio.gather(*calls, return_exceptions=True)
 
@@ -85,7 +102,7 @@ def test_calls_made_while_batches_are_on_the_way_follow_in_later_batches_in_orde
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, max_inflight=1, max_batch=4)
+        c = Coalescer(broker.send, broker.wait, broker.give_back, max_inflight=1, max_batch=4)
         return await asyncio.gather(*(c.call("apply", (i,)) for i in range(10)))
 
     asyncio.run(main())
@@ -98,7 +115,8 @@ def test_a_batch_that_fails_as_a_whole_fails_each_of_its_callers():
         raise ConnectionError("broker gone")
 
     async def main():
-        c = Coalescer(down, Broker().wait)
+        idle = Broker()
+        c = Coalescer(down, idle.wait, idle.give_back)
         return await asyncio.gather(
             *(c.call("apply", (i,)) for i in range(3)), return_exceptions=True
         )
@@ -110,7 +128,7 @@ def test_a_call_cancelled_before_its_batch_went_is_never_sent():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait)
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
         gone = asyncio.ensure_future(c.call("apply", ("cancelled",)))
         kept = asyncio.ensure_future(c.call("apply", ("kept",)))
         gone.cancel()
@@ -124,7 +142,7 @@ def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait)
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
         readers = [asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty)) for _ in range(5)]
         await apoll(lambda: broker.waits, "the readers to find nothing and wait")
         broker.put("m1", "m2", "m3", "m4", "m5")
@@ -133,13 +151,63 @@ def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     got = asyncio.run(main())
     assert sorted(m for r in got for m in r) == ["m1", "m2", "m3", "m4", "m5"]
     assert broker.waits < 5  # one wait at a time for the queue, not one per reader
+    # taken by the broker for them as the messages came: no receive of theirs went after
+    assert sorted(broker.taken_in_waits) == ["m1", "m2", "m3", "m4", "m5"]
+    assert sum(1 for b in broker.batches for m, _ in b if m == "receive") == 5
+
+
+def test_a_receive_that_began_waiting_after_the_wait_went_is_woken_to_try_itself():
+    broker = Broker()
+
+    assert asyncio.run(_wait_one_after_another(broker, "m1", "m2")) == [["m1"], ["m2"]]
+    assert broker.taken_in_waits == ["m1"]  # the second was not in that wait: it received
+    assert [m for b in broker.batches for m, _ in b] == ["receive"] * 3
+
+
+def test_what_the_broker_took_for_a_receive_whose_caller_left_is_given_back():
+    broker = Broker()
+
+    async def main():
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        reader = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+        await apoll(lambda: broker.waits, "the reader to wait")
+        reader.cancel()  # its caller leaves while its take is at the broker
+        broker.put("m1")
+        await apoll(lambda: broker.given_back, "the taken message to be given back")
+        return reader
+
+    reader = asyncio.run(main())
+    assert reader.cancelled()
+    assert broker.taken_in_waits == ["m1"] and broker.given_back == ["m1"]
+
+
+def test_a_take_that_fails_at_the_broker_raises_in_its_own_receive_only():
+    broker = Broker()
+    broker.refuse = {0}
+
+    bad, good = asyncio.run(_wait_one_after_another(broker, "m1"))
+    assert isinstance(bad, InvalidArgument) and good == ["m1"]
+
+
+def test_a_short_wait_beside_a_long_one_ends_on_time():
+    broker = Broker()
+
+    async def main():
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        long = asyncio.ensure_future(c.receive(_receive_args(), 30.0, _empty))
+        await apoll(lambda: broker.waits, "the long reader to wait")
+        short = await asyncio.wait_for(c.receive(_receive_args(), 0.05, _empty), 5.0)
+        long.cancel()
+        return short
+
+    assert asyncio.run(main()) == []
 
 
 def test_a_receive_that_settles_is_answered_at_once_even_with_nothing_to_take():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait)
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
         return await asyncio.wait_for(c.receive(_receive_args(settle=("lock",)), 30.0, _empty), 5.0)
 
     assert asyncio.run(main()) == []
@@ -151,10 +219,22 @@ def test_a_waiting_receive_returns_nothing_once_its_wait_is_up(wait):
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait)
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
         return await asyncio.wait_for(c.receive(_receive_args(), wait, _empty), 5.0)
 
     assert asyncio.run(main()) == []
+
+
+async def _wait_one_after_another(broker: Broker, *items: str) -> list:
+    """Two waiting receives, the second waiting after the first's wait went; then `items`
+    come. Each reader's answer, or its error."""
+    c = Coalescer(broker.send, broker.wait, broker.give_back)
+    first = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+    await apoll(lambda: broker.waits, "the first reader to wait")
+    second = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+    await apoll(lambda: len(broker.batches) == 2, "the second reader to find nothing")
+    broker.put(*items)
+    return await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5.0)
 
 
 def _empty(result) -> bool:

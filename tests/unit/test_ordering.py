@@ -239,7 +239,7 @@ def _constant_args(source: str, callee: str, at: int) -> set[str]:
 
 def test_the_broker_takes_through_call_exactly_the_verbs_a_handle_calls():
     called = _constant_args(inspect.getsource(verbs), "_call", 0)
-    # and what the async handle calls itself (its waiting receives' `wait_ready`); a batch
+    # and what the async handle calls itself (its waiting receives' `wait_take`); a batch
     # goes through the actor's `calls`, not `call`
     client = (Path(verbs.__file__).parent / "remote" / "client.py").read_text()
     called |= _constant_args(client, "_Call", 1) - {"calls"}
