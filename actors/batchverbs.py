@@ -78,38 +78,38 @@ class BatchVerbs:
 
     async def wait_take(
         self, queue: str, timeout: float, takes: list[tuple[Any, ...]]
-    ) -> tuple[int, list[tuple[bool, Any]]]:
-        """Wait up to `timeout` seconds until `queue` has a conversation group a receive could
-        lock, then take for a client's waiting receives: `takes` are their arguments as
-        `receive` takes them, each with what is left of its wait (one whose wait ran out takes
-        nothing). Returns how many groups are still ready and, per take, (True, what it
-        received) or (False, its error). How a client's waiting receives wait without a call
-        each, and get their messages in the round trip that brings the news (actors.coalesce)."""
+    ) -> list[tuple[bool, Any]]:
+        """Take for a client's waiting receives on `queue` as soon as there is something to
+        take, waiting up to `timeout` seconds for it: `takes` are their arguments as `receive`
+        takes them, each with what is left of its wait (one whose wait ran out takes nothing).
+        Returns, per take, (True, what it received) or (False, its error). How a client's
+        waiting receives wait without a call each, and get their messages in the round trip
+        that brings the news (actors.coalesce)."""
         timeout = checks.seconds("timeout", timeout, zero=True)
         if not isinstance(takes, list | tuple):
             raise InvalidArgument(f"takes must be a list, not {type(takes).__name__}")
         started = time.monotonic()
+        nothing = [(True, NOTHING)] * len(takes)
         while True:
-            ready = self.core.ready_groups(queue)
+            if self.core.ready_groups(queue):
+                waited = time.monotonic() - started
+                out = [self._take_waiting(queue, take, waited) for take in takes]
+                if out != nothing:  # something taken, or an error to tell
+                    return out
             left = started + timeout - time.monotonic()
-            if ready or left <= 0:
-                break
+            if left <= 0:
+                return nothing
             await self._wait(queue, left)
-        waited = time.monotonic() - started
-        out: list[tuple[bool, Any]] = []
-        for take in takes:
-            try:
-                out.append((True, self._take_waiting(queue, take, waited) if ready else NOTHING))
-            except Exception as exc:  # this receive's error; the others take on
-                out.append((False, exc))
-        return (self.core.ready_groups(queue) if ready else 0), out
 
-    def _take_waiting(self, queue: str, take: Any, waited: float) -> bytes:
-        if not (isinstance(take, list | tuple) and len(take) == 6):
-            raise InvalidArgument(f"a take must be a receive's arguments, not {take!r}")
-        at, left, options, owner, _settle, reader = take
-        if at != queue:
-            raise InvalidArgument(f"a take on queue {at!r} sent to wait on queue {queue!r}")
-        if checks.seconds("wait", left, zero=True) <= waited:
-            return NOTHING  # its wait ran out before a group was ready
-        return pack_received(self._take(queue, options, self._adopt(owner), reader))
+    def _take_waiting(self, queue: str, take: Any, waited: float) -> tuple[bool, Any]:
+        try:
+            if not (isinstance(take, list | tuple) and len(take) == 6):
+                raise InvalidArgument(f"a take must be a receive's arguments, not {take!r}")
+            at, left, options, owner, _settle, reader = take
+            if at != queue:
+                raise InvalidArgument(f"a take on queue {at!r} sent to wait on queue {queue!r}")
+            if checks.seconds("wait", left, zero=True) <= waited:
+                return True, NOTHING  # its wait ran out before there was something to take
+            return True, pack_received(self._take(queue, options, self._adopt(owner), reader))
+        except Exception as exc:  # this receive's error; the others take on
+            return False, exc

@@ -13,13 +13,12 @@ one numbered call of the handle (actors.ordering), its calls start in the order 
 
 A receive that waits cannot sit in a batch without holding the batch's other answers, so in a
 batch it takes only what is there; if it gets nothing (and settles nothing: a settle's answer is
-never held behind a wait), it waits through a watch: one `wait_take` call per queue at a time
-for all of the handle's waiting receives. It carries what each of them would take; once a group
-is ready the broker takes for them there and then, in order, so a waiting receive gets its
-messages in the round trip that brought the news. Receives that began waiting after that call
-went, and any the broker's take missed (a receive for one conversation, say), are woken to try
-again, as many as the broker says groups are still ready. A receive whose caller left before
-its taken messages came back hands them back (`abandon` rolls them back at once).
+never held behind a wait), it waits in a `wait_take` call: the receives of a handle that begin
+waiting on a queue in the same turn of its event loop share one, which carries what each of
+them would take. The broker takes for them there and then, in order, as soon as there is
+something to take, so a waiting receive gets its messages in the round trip that brought the
+news. One that got nothing (others took what came) waits on in the next call. A receive whose
+caller left before its taken messages came back hands them back (`abandon` rolls them back).
 
 Plain Python on the caller's event loop, no Ray: the Ray handle supplies `send` and `wait`.
 """
@@ -36,9 +35,9 @@ from typing import Any
 Call = tuple[str, tuple[Any, ...]]
 Outcome = tuple[bool, Any]  # (True, result) or (False, the error)
 SendBatch = Callable[[list[Call]], Awaitable[list[Outcome]]]
-# wait_take(queue, timeout, takes): the groups still ready, and an outcome per take; a take is a
-# waiting receive's arguments (as the broker's receive takes them), its wait what is left of it
-WaitTake = Callable[[str, float, list[tuple[Any, ...]]], Awaitable[tuple[int, list[Outcome]]]]
+# wait_take(queue, timeout, takes): an outcome per take; a take is a waiting receive's arguments
+# (as the broker's receive takes them), its wait what is left of it
+WaitTake = Callable[[str, float, list[tuple[Any, ...]]], Awaitable[list[Outcome]]]
 Abandon = Callable[[Any], Awaitable[Any]]  # give back what was taken for a caller who left
 
 log = logging.getLogger("raybroker")
@@ -50,8 +49,7 @@ MAX_INFLIGHT = 3  # batches on the way: one being applied, one waiting at the br
 # batch of 200). Fewer per batch and a Ray call's own cost (~1 ms) starts to show.
 MAX_BATCH = 100
 MAX_BATCH_BYTES = 8 << 20  # body bytes per batch (each call is already within the call limit)
-WATCH_MAX_S = 1.0  # one wait_take call waits at most this long (waiters come and go)
-_TRY = object()  # a waiter's wake-up: groups are ready, try to receive
+WATCH_MAX_S = 1.0  # one wait_take call waits at most this long (then its waiters go again)
 
 
 class _Queued:
@@ -97,23 +95,11 @@ class Coalescer:
         result = await self.call("receive", args)
         if not empty(result) or args[4] is not None:
             return result  # got something, or settled something: answer now
-        take = (args[0], 0.0, *args[2:])
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return result
-            watch = self._watch(args[0])
-            got = await watch.until_ready(left, take, empty)
-            if got is None:
-                continue  # its time is up (the loop's check returns)
-            if got is not _TRY:
-                return got  # the broker took for it as groups became ready
-            try:
-                result = await self.call("receive", take)
-            finally:
-                watch.tried()
-            if not empty(result):
-                return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return result
+        got = await self._watch(args[0]).wait(left, args, empty)
+        return result if got is None else got
 
     def _watch(self, queue: str) -> _Watch:
         watch = self._watches.get(queue)
@@ -174,98 +160,83 @@ class Coalescer:
 
 
 class _Waiter:
-    __slots__ = ("deadline", "future", "take", "empty")
+    __slots__ = ("deadline", "future", "args", "empty")
 
     def __init__(
-        self, deadline: float, future: asyncio.Future, take: tuple[Any, ...], empty: Any
+        self, deadline: float, future: asyncio.Future, args: tuple[Any, ...], empty: Any
     ) -> None:
-        self.deadline, self.future, self.take, self.empty = deadline, future, take, empty
+        self.deadline, self.future, self.args, self.empty = deadline, future, args, empty
 
 
 class _Watch:
-    """The handle's waiting receives on one queue, and the one `wait_take` call for them."""
+    """The handle's waiting receives on one queue: each is in one `wait_take` call at a time,
+    and those that begin waiting in the same turn share one."""
 
     def __init__(self, owner: Coalescer, queue: str) -> None:
         self.owner, self.queue = owner, queue
-        self.waiters: deque[_Waiter] = deque()
-        self.task: asyncio.Task | None = None
-        self.trying = 0  # woken waiters still trying to receive
-        self.all_tried = asyncio.Event()
+        self.unsent: list[_Waiter] = []
+        self.waiting = 0  # receives waiting now
 
-    async def until_ready(
-        self, timeout: float, take: tuple[Any, ...], empty: Callable[[Any], bool]
+    async def wait(
+        self, timeout: float, args: tuple[Any, ...], empty: Callable[[Any], bool]
     ) -> Any:
-        """What the broker took for this receive; `_TRY` once groups are ready that it should
-        try to receive itself; None when `timeout` ran out first."""
+        """What the broker took for this receive, or None if `timeout` ran out first."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self.waiters.append(_Waiter(time.monotonic() + timeout, future, take, empty))
-        if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._run())
+        self._send_soon(_Waiter(time.monotonic() + timeout, future, args, empty), loop)
+        self.waiting += 1
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             pass
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
-                self._left(future.result())  # answered, but its caller left first
+                self._give_back(future.result())  # taken for it, but its caller left first
             raise
         finally:
+            self.waiting -= 1
             if not future.done():
-                future.cancel()  # its waiter left: the watch skips it, gives back its take
+                future.cancel()  # its caller left: what is taken for it is given back
         # answered as its time ran out, or before: what came is its answer
         return future.result() if future.done() and not future.cancelled() else None
 
-    def _left(self, answer: Any) -> None:
-        if answer is _TRY:
-            self.tried()  # woken, but it will not try
-        else:
-            asyncio.ensure_future(self._abandon(answer))
+    def _send_soon(self, waiter: _Waiter, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.unsent:  # on the loop's next turn, with every waiter that comes in this one
+            loop.call_soon(self._send)
+        self.unsent.append(waiter)
 
-    def tried(self) -> None:
-        """A woken waiter has tried to receive."""
-        self.trying -= 1
-        if self.trying <= 0:
-            self.all_tried.set()
+    def _send(self) -> None:
+        waiters = [w for w in self.unsent if not w.future.done()]
+        self.unsent = []
+        if waiters:
+            asyncio.ensure_future(self._call(waiters))
 
-    async def _run(self) -> None:
-        while True:
-            now = time.monotonic()
-            self.waiters = deque(w for w in self.waiters if not w.future.done())
-            if not self.waiters:
-                return
-            sent = list(self.waiters)
-            timeout = min(WATCH_MAX_S, max(w.deadline for w in sent) - now)
-            takes = [(w.take[0], w.deadline - now, *w.take[2:]) for w in sent]
-            try:
-                ready, outcomes = await self.owner.wait(self.queue, timeout, takes)
-            except Exception as exc:  # the waiters hear it through their own next call
-                for w in self.waiters:
-                    if not w.future.done():
-                        w.future.set_exception(exc)
-                self.waiters.clear()
-                return
-            for w, (ok, value) in zip(sent, outcomes, strict=True):
-                if ok and w.empty(value):
-                    continue  # nothing for it: it waits on
-                if w.future.done():  # its caller left: give back what was taken for it
-                    if ok:
-                        self._left(value)
-                elif ok:
-                    w.future.set_result(value)
-                else:
-                    w.future.set_exception(value)
-            self.all_tried.clear()
-            while ready > 0 and self.waiters:
-                w = self.waiters.popleft()
+    async def _call(self, waiters: list[_Waiter]) -> None:
+        now = time.monotonic()
+        timeout = min(WATCH_MAX_S, max(w.deadline for w in waiters) - now)
+        takes = [(w.args[0], w.deadline - now, *w.args[2:]) for w in waiters]
+        try:
+            outcomes = await self.owner.wait(self.queue, timeout, takes)
+        except Exception as exc:  # the call failed as a whole (the broker is gone, say)
+            for w in waiters:
                 if not w.future.done():
-                    w.future.set_result(_TRY)
-                    self.trying += 1
-                    ready -= 1
-            if self.trying > 0:
-                # the woken try before the broker is asked again, or the same ready groups
-                # would wake more waiters than there are groups
-                await self.all_tried.wait()
+                    w.future.set_exception(exc)
+            return
+        loop = asyncio.get_running_loop()
+        for w, (ok, value) in zip(waiters, outcomes, strict=True):
+            if w.future.done():
+                if ok and not w.empty(value):
+                    self._give_back(value)
+            elif not ok:
+                w.future.set_exception(value)
+            elif not w.empty(value):
+                w.future.set_result(value)
+            elif w.deadline > time.monotonic():
+                self._send_soon(w, loop)  # others took what came: it waits on
+            # else its time is up: its own timeout answers it
+
+    def _give_back(self, taken: Any) -> None:
+        asyncio.ensure_future(self._abandon(taken))
 
     async def _abandon(self, taken: Any) -> None:
         try:

@@ -234,7 +234,7 @@ class AsyncBroker(Verbs):
 
     async def _wait_take(
         self, queue: str, timeout: float, takes: list[tuple[Any, ...]]
-    ) -> tuple[int, list[tuple[bool, Any]]]:
+    ) -> list[tuple[bool, Any]]:
         return await self._direct(_Call(self._sync, "wait_take", (queue, timeout, takes)), None)
 
     async def _give_back(self, taken: bytes) -> None:

@@ -69,7 +69,7 @@ def test_waiting_async_receives_get_what_arrives_in_the_round_trip_that_brings_i
             asyncio.ensure_future(broker.aio.receive("TargetQueue", wait=30)) for _ in handles
         ]
         watch = await apoll(lambda: coalescer._watches.get("TargetQueue"), "a watch")
-        await apoll(lambda: len(watch.waiters) == len(handles), "every reader to wait")
+        await apoll(lambda: watch.waiting == len(handles), "every reader to wait")
         before = coalescer.batches  # the readers' receives (that found nothing) went in these
         await broker.aio.apply([Send(h, "DEFAULT", [h.encode()]) for h in handles])
         got = await asyncio.wait_for(asyncio.gather(*readers), 30)

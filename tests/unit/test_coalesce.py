@@ -16,7 +16,8 @@ from tests.fakes import apoll
 
 class Broker:
     """Answers batches in order; `apply` appends to a log, `receive` pops a queue; `wait` takes
-    for the waiting receives it carries (each takes one, in order; `refuse`: that take fails)."""
+    for the waiting receives it carries (each takes one, in order; one with options
+    {"bad": True} fails)."""
 
     def __init__(self) -> None:
         self.batches: list[list] = []
@@ -26,7 +27,6 @@ class Broker:
         self.waits = 0
         self.taken_in_waits: list[str] = []
         self.given_back: list = []
-        self.refuse: set[int] = set()  # indexes of takes (in a wait call) that fail
 
     async def send(self, batch):
         self.batches.append(batch)
@@ -49,16 +49,16 @@ class Broker:
                 await asyncio.wait_for(self.ready.wait(), timeout)
         self.ready.clear()
         out = []
-        for i, take in enumerate(takes):
+        for take in takes:
             assert take[0] == queue and take[1] > 0 and take[4] is None  # (queue, wait left, ...)
-            if i in self.refuse:
+            if take[2].get("bad"):
                 out.append((False, InvalidArgument("no such queue")))
             elif self.queue:
                 self.taken_in_waits.append(self.queue.pop(0))
                 out.append((True, [self.taken_in_waits[-1]]))
             else:
                 out.append((True, []))
-        return len(self.queue), out
+        return out
 
     async def give_back(self, taken):
         self.given_back += taken
@@ -68,8 +68,8 @@ class Broker:
         self.ready.set()
 
 
-def _receive_args(settle=None):
-    return ("Q", 5.0, {}, None, settle, None)
+def _receive_args(settle=None, options=None):
+    return ("Q", 5.0, options or {}, None, settle, None)
 
 
 def test_concurrent_calls_go_in_one_batch_each_answered_in_the_order_called():
@@ -150,18 +150,43 @@ def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
 
     got = asyncio.run(main())
     assert sorted(m for r in got for m in r) == ["m1", "m2", "m3", "m4", "m5"]
-    assert broker.waits < 5  # one wait at a time for the queue, not one per reader
+    assert broker.waits == 1  # one wait for the readers that began waiting together
     # taken by the broker for them as the messages came: no receive of theirs went after
     assert sorted(broker.taken_in_waits) == ["m1", "m2", "m3", "m4", "m5"]
-    assert sum(1 for b in broker.batches for m, _ in b if m == "receive") == 5
+    assert [m for b in broker.batches for m, _ in b] == ["receive"] * 5
 
 
-def test_a_receive_that_began_waiting_after_the_wait_went_is_woken_to_try_itself():
+def test_a_receive_that_begins_waiting_later_waits_in_a_call_of_its_own():
     broker = Broker()
 
-    assert asyncio.run(_wait_one_after_another(broker, "m1", "m2")) == [["m1"], ["m2"]]
-    assert broker.taken_in_waits == ["m1"]  # the second was not in that wait: it received
-    assert [m for b in broker.batches for m, _ in b] == ["receive"] * 3
+    async def main():
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        first = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+        await apoll(lambda: broker.waits, "the first reader to wait")
+        second = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+        await apoll(lambda: broker.waits == 2, "the second reader to wait")
+        broker.put("m1", "m2")
+        return await asyncio.wait_for(asyncio.gather(first, second), 5.0)
+
+    assert asyncio.run(main()) == [["m1"], ["m2"]] and broker.waits == 2
+    assert broker.taken_in_waits == ["m1", "m2"]  # neither asked again
+    assert [m for b in broker.batches for m, _ in b] == ["receive"] * 2
+
+
+def test_a_waiting_receive_that_others_took_from_waits_on_in_the_next_call():
+    broker = Broker()
+
+    async def main():
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        readers = [asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty)) for _ in range(2)]
+        await apoll(lambda: broker.waits, "the readers to wait")
+        broker.put("m1")  # one message for two: the second reader goes again
+        await apoll(lambda: broker.waits == 2, "the second reader to wait again")
+        broker.put("m2")
+        return await asyncio.wait_for(asyncio.gather(*readers), 5.0)
+
+    assert asyncio.run(main()) == [["m1"], ["m2"]]
+    assert broker.taken_in_waits == ["m1", "m2"]
 
 
 def test_what_the_broker_took_for_a_receive_whose_caller_left_is_given_back():
@@ -183,10 +208,19 @@ def test_what_the_broker_took_for_a_receive_whose_caller_left_is_given_back():
 
 def test_a_take_that_fails_at_the_broker_raises_in_its_own_receive_only():
     broker = Broker()
-    broker.refuse = {0}
 
-    bad, good = asyncio.run(_wait_one_after_another(broker, "m1"))
+    async def main():
+        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        bad = c.receive(_receive_args(options={"bad": True}), 5.0, _empty)
+        good = c.receive(_receive_args(), 5.0, _empty)
+        readers = [asyncio.ensure_future(r) for r in (bad, good)]
+        await apoll(lambda: broker.waits, "the readers to wait")
+        broker.put("m1")
+        return await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 5.0)
+
+    bad, good = asyncio.run(main())
     assert isinstance(bad, InvalidArgument) and good == ["m1"]
+    assert broker.waits == 1  # they waited together
 
 
 def test_a_short_wait_beside_a_long_one_ends_on_time():
@@ -223,18 +257,6 @@ def test_a_waiting_receive_returns_nothing_once_its_wait_is_up(wait):
         return await asyncio.wait_for(c.receive(_receive_args(), wait, _empty), 5.0)
 
     assert asyncio.run(main()) == []
-
-
-async def _wait_one_after_another(broker: Broker, *items: str) -> list:
-    """Two waiting receives, the second waiting after the first's wait went; then `items`
-    come. Each reader's answer, or its error."""
-    c = Coalescer(broker.send, broker.wait, broker.give_back)
-    first = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
-    await apoll(lambda: broker.waits, "the first reader to wait")
-    second = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
-    await apoll(lambda: len(broker.batches) == 2, "the second reader to find nothing")
-    broker.put(*items)
-    return await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5.0)
 
 
 def _empty(result) -> bool:
