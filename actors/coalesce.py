@@ -213,8 +213,8 @@ class _Watch:
 
     async def _call(self, waiters: list[_Waiter]) -> None:
         now = time.monotonic()
-        timeout = min(WATCH_MAX_S, max(w.deadline for w in waiters) - now)
-        takes = [(w.args[0], w.deadline - now, *w.args[2:]) for w in waiters]
+        timeout = max(0.0, min(WATCH_MAX_S, max(w.deadline for w in waiters) - now))
+        takes = [(w.args[0], max(0.0, w.deadline - now), *w.args[2:]) for w in waiters]
         try:
             outcomes = await self.owner.wait(self.queue, timeout, takes)
         except Exception as exc:  # the call failed as a whole (the broker is gone, say)

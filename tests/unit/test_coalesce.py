@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 
-from actors.coalesce import Coalescer
+from actors.coalesce import Coalescer, _Waiter
 from actors.errors import InvalidArgument
 from tests.fakes import apoll
 
@@ -27,6 +28,7 @@ class Broker:
         self.waits = 0
         self.taken_in_waits: list[str] = []
         self.given_back: list = []
+        self.waits_left: list[float] = []  # each take's wait, as the coalescer sent it
 
     async def send(self, batch):
         self.batches.append(batch)
@@ -50,7 +52,8 @@ class Broker:
         self.ready.clear()
         out = []
         for take in takes:
-            assert take[0] == queue and take[1] > 0 and take[4] is None  # (queue, wait left, ...)
+            assert take[0] == queue and take[4] is None  # (queue, wait left, ..., no settle, ...)
+            self.waits_left.append(take[1])
             if take[2].get("bad"):
                 out.append((False, InvalidArgument("no such queue")))
             elif self.queue:
@@ -257,6 +260,18 @@ def test_a_waiting_receive_returns_nothing_once_its_wait_is_up(wait):
         return await asyncio.wait_for(c.receive(_receive_args(), wait, _empty), 5.0)
 
     assert asyncio.run(main()) == []
+
+
+def test_a_take_whose_wait_has_just_run_out_asks_for_no_wait_not_a_negative_one():
+    broker = Broker()
+
+    async def main():
+        watch = Coalescer(broker.send, broker.wait, broker.give_back)._watch("Q")
+        future = asyncio.get_running_loop().create_future()
+        await watch._call([_Waiter(time.monotonic() - 1.0, future, _receive_args(), _empty)])
+
+    asyncio.run(main())
+    assert broker.waits_left == [0.0]  # a negative wait would be refused as bad input
 
 
 def _empty(result) -> bool:
