@@ -98,12 +98,11 @@ class Changes:
 class _Group:
     """An open group commit: its units, and what is written once at its end."""
 
-    __slots__ = ("units", "touched", "requests", "looked_up", "found", "audit", "audit_at")
+    __slots__ = ("units", "touched", "requests", "looked_up", "found", "audit")
 
     def __init__(self) -> None:
         self.units: list[Changes] = []
         self.audit: list[list[Any]] = []  # the units' delivery records: one audit row in all
-        self.audit_at = 0.0
         self.touched: set[int] = set()  # endpoint numbers
         self.requests: dict[str, tuple[str, float, bytes]] = {}  # request id -> its record
         self.looked_up: set[str] = set()  # request ids looked up at the group's start
@@ -151,7 +150,6 @@ class UnitOfWork:
             g.units.append(w)
             if w.audit:
                 g.audit += w.audit
-                g.audit_at = w.now
             if request_id is not None:
                 g.requests[request_id] = record
         else:
@@ -188,7 +186,7 @@ class UnitOfWork:
                 if g.requests:
                     self.store.put_requests(g.requests.values())
                 if g.audit:
-                    self.store.insert_audit(g.audit_at, audit.pack(g.audit))
+                    self.store.insert_audit(g.units[-1].now, audit.pack(g.audit))
         except BaseException:
             for w in reversed(g.units):
                 self._undo(w)

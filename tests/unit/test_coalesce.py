@@ -66,6 +66,9 @@ class Broker:
     async def give_back(self, taken):
         self.given_back += taken
 
+    def coalescer(self, **limits) -> Coalescer:
+        return Coalescer(self.send, self.wait, self.give_back, **limits)
+
     def put(self, *items):
         self.queue += items
         self.ready.set()
@@ -79,7 +82,7 @@ def test_concurrent_calls_go_in_one_batch_each_answered_in_the_order_called():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        c = broker.coalescer()
         return await asyncio.gather(*(c.call("apply", (i,)) for i in range(50)))
 
     answers = asyncio.run(main())
@@ -92,7 +95,7 @@ def test_a_caller_with_bad_input_gets_its_own_error_and_the_others_their_results
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        c = broker.coalescer()
         calls = [c.call("apply", ("bad" if i == 3 else i,)) for i in range(6)]
         return await asyncio.gather(*calls, return_exceptions=True)
 
@@ -105,7 +108,7 @@ def test_calls_made_while_batches_are_on_the_way_follow_in_later_batches_in_orde
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back, max_inflight=1, max_batch=4)
+        c = broker.coalescer(max_inflight=1, max_batch=4)
         return await asyncio.gather(*(c.call("apply", (i,)) for i in range(10)))
 
     asyncio.run(main())
@@ -131,7 +134,7 @@ def test_a_call_cancelled_before_its_batch_went_is_never_sent():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        c = broker.coalescer()
         gone = asyncio.ensure_future(c.call("apply", ("cancelled",)))
         kept = asyncio.ensure_future(c.call("apply", ("kept",)))
         gone.cancel()
@@ -145,8 +148,8 @@ def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
-        readers = [asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty)) for _ in range(5)]
+        c = broker.coalescer()
+        readers = [_reader(c) for _ in range(5)]
         await apoll(lambda: broker.waits, "the readers to find nothing and wait")
         broker.put("m1", "m2", "m3", "m4", "m5")
         return await asyncio.wait_for(asyncio.gather(*readers), 5.0)
@@ -163,10 +166,10 @@ def test_a_receive_that_begins_waiting_later_waits_in_a_call_of_its_own():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
-        first = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+        c = broker.coalescer()
+        first = _reader(c)
         await apoll(lambda: broker.waits, "the first reader to wait")
-        second = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+        second = _reader(c)
         await apoll(lambda: broker.waits == 2, "the second reader to wait")
         broker.put("m1", "m2")
         return await asyncio.wait_for(asyncio.gather(first, second), 5.0)
@@ -180,8 +183,8 @@ def test_a_waiting_receive_that_others_took_from_waits_on_in_the_next_call():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
-        readers = [asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty)) for _ in range(2)]
+        c = broker.coalescer()
+        readers = [_reader(c) for _ in range(2)]
         await apoll(lambda: broker.waits, "the readers to wait")
         broker.put("m1")  # one message for two: the second reader goes again
         await apoll(lambda: broker.waits == 2, "the second reader to wait again")
@@ -196,8 +199,8 @@ def test_what_the_broker_took_for_a_receive_whose_caller_left_is_given_back():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
-        reader = asyncio.ensure_future(c.receive(_receive_args(), 5.0, _empty))
+        c = broker.coalescer()
+        reader = _reader(c)
         await apoll(lambda: broker.waits, "the reader to wait")
         reader.cancel()  # its caller leaves while its take is at the broker
         broker.put("m1")
@@ -213,10 +216,8 @@ def test_a_take_that_fails_at_the_broker_raises_in_its_own_receive_only():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
-        bad = c.receive(_receive_args(options={"bad": True}), 5.0, _empty)
-        good = c.receive(_receive_args(), 5.0, _empty)
-        readers = [asyncio.ensure_future(r) for r in (bad, good)]
+        c = broker.coalescer()
+        readers = [_reader(c, options={"bad": True}), _reader(c)]
         await apoll(lambda: broker.waits, "the readers to wait")
         broker.put("m1")
         return await asyncio.wait_for(asyncio.gather(*readers, return_exceptions=True), 5.0)
@@ -230,8 +231,8 @@ def test_a_short_wait_beside_a_long_one_ends_on_time():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
-        long = asyncio.ensure_future(c.receive(_receive_args(), 30.0, _empty))
+        c = broker.coalescer()
+        long = _reader(c, wait=30.0)
         await apoll(lambda: broker.waits, "the long reader to wait")
         short = await asyncio.wait_for(c.receive(_receive_args(), 0.05, _empty), 5.0)
         long.cancel()
@@ -244,7 +245,7 @@ def test_a_receive_that_settles_is_answered_at_once_even_with_nothing_to_take():
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        c = broker.coalescer()
         return await asyncio.wait_for(c.receive(_receive_args(settle=("lock",)), 30.0, _empty), 5.0)
 
     assert asyncio.run(main()) == []
@@ -256,7 +257,7 @@ def test_a_waiting_receive_returns_nothing_once_its_wait_is_up(wait):
     broker = Broker()
 
     async def main():
-        c = Coalescer(broker.send, broker.wait, broker.give_back)
+        c = broker.coalescer()
         return await asyncio.wait_for(c.receive(_receive_args(), wait, _empty), 5.0)
 
     assert asyncio.run(main()) == []
@@ -266,12 +267,17 @@ def test_a_take_whose_wait_has_just_run_out_asks_for_no_wait_not_a_negative_one(
     broker = Broker()
 
     async def main():
-        watch = Coalescer(broker.send, broker.wait, broker.give_back)._watch("Q")
+        watch = broker.coalescer()._watch("Q")
         future = asyncio.get_running_loop().create_future()
         await watch._call([_Waiter(time.monotonic() - 1.0, future, _receive_args(), _empty)])
 
     asyncio.run(main())
     assert broker.waits_left == [0.0]  # a negative wait would be refused as bad input
+
+
+def _reader(c: Coalescer, wait: float = 5.0, options=None) -> asyncio.Future:
+    """A receive that waits up to `wait` seconds, under way."""
+    return asyncio.ensure_future(c.receive(_receive_args(options=options), wait, _empty))
 
 
 def _empty(result) -> bool:
