@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 from .checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from .errors import InvalidArgument, StoreError
-from .storefile import Connection, Savepoint, check_file, lock, reason
+from .savepoints import HeldWrites, Savepoint
+from .storefile import Connection, check_file, lock, reason
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,6 +61,11 @@ ENDPOINT_COLUMNS = (
     "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at"
 )
 MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"
+INSERT_MESSAGES = "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+REMOVE_RECEIVED = {  # by retention: messages received in a range are deleted, or marked
+    retain: f"{verb} WHERE group_no=? AND id BETWEEN ? AND ? AND status=0"
+    for retain, verb in ((False, "DELETE FROM messages"), (True, "UPDATE messages SET status=1"))
+}
 
 
 class TransmissionRow(NamedTuple):
@@ -105,6 +111,7 @@ class Store:
                 path, isolation_level=None, check_same_thread=False, factory=Connection
             )
             self.db.path = path
+            self.writes = HeldWrites(self.db)
             if path != ":memory:":
                 for pragma in ("journal_mode=WAL", *CHECKPOINT_PRAGMAS):
                     self.db.execute(f"PRAGMA {pragma}")
@@ -154,14 +161,16 @@ class Store:
             raise
         finally:
             self._in_tx = False
+            self.writes.reset()
 
     def savepoint(self) -> Savepoint:
-        """One unit in the open transaction (a group commit's caller); see `Savepoint`."""
-        return Savepoint(self.db)
+        """One unit in the open transaction (a group commit's caller); see actors.savepoints."""
+        return self.writes.savepoint()
 
     @property
     def in_tx_lost(self) -> bool:
-        return self._in_tx and not self.db.in_transaction
+        """Whether the open transaction can no longer commit what its units wrote."""
+        return self._in_tx and (not self.db.in_transaction or self.writes.broken)
 
     def _roll_back(self) -> None:
         # After some I/O errors SQLite has already rolled the transaction back itself.
@@ -258,9 +267,11 @@ class Store:
 
     # --- queue messages --------------------------------------------------------------------------
 
-    def insert_messages(self, rows: Iterable[Sequence[Any]]) -> None:
-        """rows: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)."""
-        self.db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    def insert_messages(self, rows: Sequence[Sequence[Any]]) -> None:
+        """rows: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at).
+        Held back in a group commit's unit (actors.savepoints)."""
+        if not self.writes.hold(INSERT_MESSAGES, rows):
+            self.db.executemany(INSERT_MESSAGES, rows)
 
     def fetch_group(
         self, group_no: int, limit: int | None, after_id: int = 0
@@ -274,10 +285,9 @@ class Store:
 
     def remove_received(self, group_no: int, first_id: int, last_id: int, retain: bool) -> None:
         """Delete (or, with retention, mark received) a group's waiting messages in a range."""
-        sql = (
-            "UPDATE messages SET status=1" if retain else "DELETE FROM messages"
-        ) + " WHERE group_no=? AND id BETWEEN ? AND ? AND status=0"
-        self.db.execute(sql, (group_no, first_id, last_id))
+        sql = REMOVE_RECEIVED[retain]  # held back in a group commit's unit (actors.savepoints)
+        if not self.writes.hold(sql, [(group_no, first_id, last_id)]):
+            self.db.execute(sql, (group_no, first_id, last_id))
 
     def delete_conversation_messages(self, group_no: int, endpoint_no: int) -> int:
         """Delete every message of one endpoint; returns how many were still waiting."""

@@ -22,6 +22,13 @@ from .errors import StoreError, StoreInUse
 # Not these: a constraint or API misuse is a bug in the broker, not a fault of its store.
 _NOT_FAULTS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
 
+# sqlite3 binds exact ints, floats and strs as they are, but looks every other parameter up in
+# its adapter registry, then tries two attribute lookups on it before binding it unchanged: about
+# a microsecond for each None and each bytes value, and a busy broker binds a dozen of them per
+# message. An identity adapter answers at the first lookup and binds the same value.
+for _type in (type(None), bytes):
+    sqlite3.register_adapter(_type, lambda value: value)
+
 _HINTS = {
     "SQLITE_FULL": "free disk space",
     "SQLITE_IOERR": "check the disk: free space, the file size limit (ulimit -f), I/O errors",
@@ -94,44 +101,21 @@ class _Cursor(sqlite3.Cursor):
         return self._guarded(super().__next__)
 
 
-class Savepoint:
-    """One caller's unit inside a group commit's transaction (`Store.savepoint`): if the block
-    raises, only its writes are undone. A group opens one per caller, so its two statements go
-    straight to SQLite, without a cursor each (a mirror's capture, when there is one, sees
-    them as it sees every statement). If SQLite dropped the whole transaction (some I/O errors
-    do), there is nothing to roll back to: the group fails as a whole (`Store.in_tx_lost`)."""
-
-    __slots__ = ("db",)
-
-    def __init__(self, db: Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> None:
-        self._run("SAVEPOINT unit")
-
-    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> bool:
-        if kind is None:
-            self._run("RELEASE unit")
-        elif self.db.in_transaction:
-            with contextlib.suppress(StoreError):
-                self._run("ROLLBACK TO unit")
-                self._run("RELEASE unit")
-        return False  # an error in the block goes on to the caller
-
-    def _run(self, sql: str) -> None:
-        db = self.db
-        if db.capture is not None:
-            db.execute(sql)
-            return
-        try:
-            _execute(db, sql)
-        except _NOT_FAULTS:
-            raise
-        except sqlite3.Error as exc:
-            raise _fault(db.path, sql, exc) from exc
-
-
 _execute = sqlite3.Connection.execute  # SQLite's own, no _Cursor
+
+
+def execute_bare(db: Connection, sql: str) -> None:
+    """A statement with no parameters and no rows straight to SQLite, without a cursor (a
+    savepoint's, a few per group commit); a mirror's capture, when there is one, still sees it."""
+    if db.capture is not None:
+        db.capture.execute(_Cursor(db), sql, ())
+        return
+    try:
+        _execute(db, sql)
+    except _NOT_FAULTS:
+        raise
+    except sqlite3.Error as exc:
+        raise _fault(db.path, sql, exc) from exc
 
 
 class Connection(sqlite3.Connection):
@@ -142,13 +126,20 @@ class Connection(sqlite3.Connection):
     # Set by a mirrored broker's principal (actors.mirroring.capture.Capture): it sees every
     # statement, so each committed transaction's writes can be shipped to the mirror.
     capture: Any = None
+    # Set while a group commit holds writes back (actors.savepoints.HeldWrites): run before
+    # the next statement, whatever it is, so that statement sees them.
+    before_statement: Any = None
 
     def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        if self.before_statement is not None:
+            self.before_statement()
         if self.capture is not None:
             return self.capture.execute(_Cursor(self), sql, parameters)
         return _Cursor(self).execute(sql, parameters)
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> _Cursor:
+        if self.before_statement is not None:
+            self.before_statement()
         if self.capture is not None:
             return self.capture.executemany(_Cursor(self), sql, seq_of_parameters)
         return _Cursor(self).executemany(sql, seq_of_parameters)

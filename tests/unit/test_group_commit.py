@@ -153,7 +153,8 @@ def test_a_take_follows_its_own_change_and_sees_what_the_group_committed(dialogs
 
 def test_a_commit_that_fails_after_writing_is_undone_alone_and_its_messages_stay(dialogs, snapshot):
     """The commit's own writes (removing the received messages) come before its bad output is
-    found: its savepoint undoes them while the group's other callers commit."""
+    found: they are undone (held writes dropped, or its savepoint rolled back) while the
+    group's other callers commit."""
     core, ds = dialogs
     (g,) = core.receive("TargetQ", handle=ds[0].target)
     before = core.queue_view("TargetQ")
