@@ -29,7 +29,7 @@ Change = Callable[[], Any]
 
 
 class _Waiting:
-    __slots__ = ("change", "take", "tag", "request_id", "future")
+    __slots__ = ("change", "take", "tag", "request_id", "shares", "future")
 
     def __init__(
         self,
@@ -37,10 +37,11 @@ class _Waiting:
         take: Change | None,
         tag: str | None,
         request_id: str | None,
+        shares: bool,
         future: asyncio.Future,
     ) -> None:
         self.change, self.take, self.tag, self.future = change, take, tag, future
-        self.request_id = request_id
+        self.request_id, self.shares = request_id, shares
 
 
 class GroupCommit:
@@ -66,20 +67,25 @@ class GroupCommit:
         take: Change | None = None,
         tag: str | None = None,
         request_id: str | None = None,
+        shares: bool = False,
     ) -> asyncio.Future:
         """`submit` without a coroutine: the answer's future. `tag`: set as the error's
         `during` when the change (not the take) fails. `request_id`: the change's, so the
-        group looks up every retry at once (see `UnitOfWork.group`)."""
+        group looks up every retry at once (see `UnitOfWork.group`). `shares`: the change may
+        share one unit with its neighbours that may too (`UnitOfWork.shared`): all its
+        effects go through one `UnitOfWork.run`."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush)
-        self._queued.append(_Waiting(change, take, tag, request_id, future))
+        self._queued.append(_Waiting(change, take, tag, request_id, shares, future))
         return future
 
     def _flush(self) -> None:
         batch, self._queued = self._queued, []
-        outcomes = self._commit([w.change for w in batch], [w.request_id for w in batch])
+        outcomes = self._commit(
+            [w.change for w in batch], [w.request_id for w in batch], [w.shares for w in batch]
+        )
         for w, (ok, value) in zip(batch, outcomes, strict=True):
             if ok and w.take is not None:
                 ok, value = _attempt(w.take)
@@ -95,7 +101,7 @@ class GroupCommit:
                 w.future.set_exception(value)
 
     def _commit(
-        self, changes: list[Change | None], request_ids: list[str | None]
+        self, changes: list[Change | None], request_ids: list[str | None], shares: list[bool]
     ) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = [(True, None)] * len(changes)
         if not any(c is not None for c in changes):
@@ -103,13 +109,17 @@ class GroupCommit:
         ran = [False] * len(changes)
         try:
             with self.uow.group(request_ids):
-                for i, change in enumerate(changes):
-                    if change is None:
+                for run in _runs(changes, shares):
+                    results = self.uow.shared([changes[i] for i in run]) if len(run) > 1 else None
+                    if results is not None:  # all of them went, as one unit
+                        for i, result in zip(run, results, strict=True):
+                            outcomes[i], ran[i] = (True, result), True
                         continue
-                    ok, value = outcomes[i] = _attempt(change)
-                    ran[i] = ok
-                    if not ok and self.uow.tx_lost:  # a fault ended the transaction: so the group
-                        raise value
+                    for i in run:  # each on its own: one that fails is undone alone
+                        ok, value = outcomes[i] = _attempt(changes[i])
+                        ran[i] = ok
+                        if not ok and self.uow.tx_lost:  # a fault ended the transaction
+                            raise value
         except Exception as exc:  # the commit failed: none of the group was applied
             for i in range(len(changes)):
                 if ran[i] or (changes[i] is not None and outcomes[i][0]):
@@ -119,6 +129,22 @@ class GroupCommit:
         self.changes += sum(ran)
         self.after_commit()
         return outcomes
+
+
+def _runs(changes: list[Change | None], shares: list[bool]) -> list[list[int]]:
+    """The changes' positions, in order, as runs: a run of neighbours that may share a unit,
+    or one change alone."""
+    runs: list[list[int]] = []
+    sharing = False  # whether the last run is one that shares
+    for i, change in enumerate(changes):
+        if change is None:
+            continue
+        if shares[i] and sharing:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+            sharing = shares[i]
+    return runs
 
 
 def _attempt(fn: Change) -> tuple[bool, Any]:

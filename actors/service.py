@@ -23,7 +23,16 @@ from .activation.port import InternalPort
 from .batchverbs import BatchVerbs
 from .catalog import Queue, check_name, from_record
 from .core import BrokerCore, Limits
-from .envelope import NOTHING_RECEIVED, Begin, Op, ReceivedGroup, Timer, pack_received, unpack_ops
+from .envelope import (
+    NOTHING_RECEIVED,
+    Begin,
+    Op,
+    ReceivedGroup,
+    Send,
+    Timer,
+    pack_received,
+    unpack_ops,
+)
 from .errors import (
     InvalidArgument,
     InvalidDefinition,
@@ -65,6 +74,19 @@ def check_name_and_path(name: Any, path: Any) -> None:
         raise InvalidArgument(
             f"broker {name!r}: path must be a SQLite file path or ':memory:', not {path!r}"
         )
+
+
+def sends_only(ops: Sequence[Op]) -> bool:
+    """Whether a call's operations may share a unit of work with its neighbours' in a group
+    commit (actors.groupcommit): sends only. A Begin, End or Timer goes alone, so nothing it
+    writes waits behind another caller's work."""
+    return all(type(op) is Send for op in ops)
+
+
+def settle_shares(settle: Settle) -> bool:
+    """Whether a settle may share a unit: a commit whose outputs are sends. A rollback changes
+    locks and poison counts outside its unit of work, so it goes alone."""
+    return not settle[1] and sends_only(settle[2])
 
 
 class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
@@ -295,7 +317,9 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         if any(isinstance(op, Begin | Timer) for op in unpacked):
             self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
         return self.commits.enqueue(
-            lambda: self.core.apply(unpacked, request_id), request_id=request_id
+            lambda: self.core.apply(unpacked, request_id),
+            request_id=request_id,
+            shares=sends_only(unpacked),
         )
 
     def _committed(self) -> None:
@@ -338,10 +362,12 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         once that its commit is done, and waits in its next call."""
         owner_id = self._adopt(owner)
         settling = request_id = None
+        shares = False
         if settle is not None:
             commit, rollback, ops, states, request_id = settle
             unpacked: Settle = (commit, rollback, unpack_ops(ops), states, request_id)
             settling = lambda: self.core.settle(*unpacked)  # noqa: E731
+            shares = settle_shares(unpacked)
 
         def take() -> Any:
             groups = self._take(queue, options, owner_id, reader)
@@ -349,7 +375,9 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
                 self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
             return pack_received(groups) if packed else groups
 
-        return self.commits.enqueue(settling, take, tag="settle", request_id=request_id)
+        return self.commits.enqueue(
+            settling, take, tag="settle", request_id=request_id, shares=shares
+        )
 
     def _take(
         self, queue: str, options: dict[str, Any], owner_id: str | None, reader: str | None
@@ -439,6 +467,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         return self.commits.enqueue(
             lambda: self.core.settle(commit, rollback, ops, states, request_id),
             request_id=request_id,
+            shares=settle_shares((commit, rollback, ops, states, request_id)),
         )
 
     async def settle(
