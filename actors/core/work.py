@@ -195,12 +195,12 @@ class UnitOfWork:
             with self.store.savepoint():
                 results = [change() for change in changes]
                 self._write(s.w)
-        except Exception:
+        except BaseException as exc:
             self._undo(s.w)
             for request_id in s.request_ids:
                 del g.requests[request_id]
-            if self.tx_lost:
-                raise  # the transaction is gone: the group fails as a whole
+            if not isinstance(exc, Exception) or self.tx_lost:
+                raise  # interrupted, or the transaction is gone: the group fails as a whole
             return None
         finally:
             self._shared = None

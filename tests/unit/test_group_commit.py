@@ -228,3 +228,18 @@ def test_many_callers_sends_and_commits_go_as_one_shared_unit(dialogs, monkeypat
     assert shared_runs == [len(ds) + len(groups)]
     assert [o["committed"] for o in outcomes[len(ds) :]] == [1] * len(groups)
     assert all(_waiting(core, d) == [b"second"] for d in ds[:10])
+
+
+def test_a_shared_unit_interrupted_midway_undoes_what_ran_and_ends_the_group(dialogs, snapshot):
+    core, ds = dialogs
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    before = snapshot(core)
+    sent = lambda: core.apply([Send(ds[0].init, "Req", [b"x"])], "interrupted")  # noqa: E731
+    with pytest.raises(KeyboardInterrupt), core.uow.group():
+        core.uow.shared([sent, interrupted])
+    assert snapshot(core) == before
+    core.apply([Send(ds[0].init, "Req", [b"y"])], "interrupted")  # its request id is unused
+    assert _waiting(core, ds[0]) == [b"first", b"y"]
