@@ -424,14 +424,19 @@ class Catalog:
         except KeyError:
             raise self._UNKNOWN[kind](name) from None
 
+    # A known name is found at once (every send and commit looks some up); `get` checks and
+    # names what is wrong with any other.
     def service(self, name: str) -> Service:
-        return self.get("service", name)
+        found = self.services.get(name) if type(name) is str else None
+        return found if found is not None else self.get("service", name)
 
     def queue(self, name: str) -> Queue:
-        return self.get("queue", name)
+        found = self.queues.get(name) if type(name) is str else None
+        return found if found is not None else self.get("queue", name)
 
     def contract(self, name: str) -> Contract:
-        return self.get("contract", name)
+        found = self.contracts.get(name) if type(name) is str else None
+        return found if found is not None else self.get("contract", name)
 
     def validator(self, message_type: str) -> BodyValidator:
         if not isinstance(message_type, str):

@@ -246,4 +246,8 @@ class _Watch:
 
 
 def _size(args: tuple[Any, ...]) -> int:
-    return sum(len(a) for a in args if isinstance(a, bytes | bytearray))
+    size = 0
+    for a in args:
+        if isinstance(a, bytes | bytearray):
+            size += len(a)
+    return size

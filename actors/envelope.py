@@ -172,7 +172,11 @@ _ARITY = {0: 11, 1: 5, 2: 5, 3: 3}  # fields of each op on the wire, its tag inc
 
 def call_bytes(ops: Sequence[Op]) -> int:
     """The bytes of the bodies one call carries (each body once, however many handles)."""
-    return sum(len(body) for op in ops if isinstance(op, Send) for body in op.bodies)
+    size = 0
+    for op in ops:
+        if isinstance(op, Send):
+            size += sum(map(len, op.bodies))
+    return size
 
 
 def check_call_size(ops: Sequence[Op], limit: int) -> None:

@@ -55,7 +55,9 @@ class ReadCache:
             return
         gone = cached[:count]
         del cached[:count]
-        size = sum(len(r[5]) for r in gone) + ROW_OVERHEAD * len(gone)
+        size = ROW_OVERHEAD * len(gone)
+        for r in gone:
+            size += len(r[5])
         self._sizes[group] -= size
         self.bytes -= size
         if not cached:

@@ -314,12 +314,11 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
 
     def _start_apply(self, ops: bytes, request_id: str) -> asyncio.Future:
         unpacked = unpack_ops(ops)
-        if any(isinstance(op, Begin | Timer) for op in unpacked):
+        shares = sends_only(unpacked)
+        if not shares and any(isinstance(op, Begin | Timer) for op in unpacked):
             self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
         return self.commits.enqueue(
-            lambda: self.core.apply(unpacked, request_id),
-            request_id=request_id,
-            shares=sends_only(unpacked),
+            lambda: self.core.apply(unpacked, request_id), request_id=request_id, shares=shares
         )
 
     def _committed(self) -> None:

@@ -75,7 +75,8 @@ class Receiving(Part):
             out.append(self._take(lock, rows))
             if target is not None:
                 break
-        st.counts.received += sum(len(g.rows) for g in out)  # not .messages: built for nothing
+        for g in out:  # rows, not .messages: those would be built for nothing
+            st.counts.received += len(g.rows)
         return out
 
     def _target_group(self, queue: str, group_id: str | None, handle: str | None) -> int | None:
@@ -178,6 +179,10 @@ class Receiving(Part):
                     f"state for conversation group {gid!r} needs that group's lock in `commit`"
                 )
 
+        committed = 0
+        for lk in committing:
+            committed += lk.count
+
         def fn(w: Changes) -> dict[str, Any]:
             for lk in committing:
                 lk.settled = True
@@ -196,9 +201,9 @@ class Receiving(Part):
                     if not group.stateful:
                         group.stateful = True
                         w.undo.append(lambda group=group: setattr(group, "stateful", False))
-            w.after.append(lambda: self._release(committing, committed=True))
-            w.after.append(lambda: self._count_committed(committing))
-            return {**result, "committed": sum(lk.count for lk in committing)}
+            w.after.append(lambda: self._committed(committing, committed))
+            result["committed"] = committed
+            return result
 
         result = self.uow.run(fn, request_id, checked=True)
         self.rollback(rolling, "rolled back")
@@ -234,8 +239,10 @@ class Receiving(Part):
                 idx.make_ready(lk.group, lk.ready_key)
             self.uow.notify(lk.queue)
 
-    def _count_committed(self, locks: Sequence[Lock]) -> None:
-        self.state.counts.committed += sum(lk.count for lk in locks)
+    def _committed(self, locks: Sequence[Lock], messages: int) -> None:
+        """After a commit: its groups' locks go, the groups are ready again, and it counts."""
+        self._release(locks, committed=True)
+        self.state.counts.committed += messages
 
     def rollback(self, locks: Sequence[Lock], why: str) -> None:
         """Return locked groups' messages to their queues; count rollbacks toward poison, once

@@ -106,7 +106,10 @@ class BrokerState:
         return self.conversations.get((ep.conversation_id, not ep.is_initiator))
 
     def queue_index(self, queue: str) -> QueueIndex:
-        return self.queues.setdefault(queue, QueueIndex())
+        idx = self.queues.get(queue)
+        if idx is None:  # not setdefault: that would build an index on every call
+            idx = self.queues[queue] = QueueIndex()
+        return idx
 
     def index_of(self, group_no: int) -> QueueIndex:
         return self.queue_index(self.groups[group_no].queue)
