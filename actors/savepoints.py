@@ -82,17 +82,24 @@ class Savepoint:
     """One caller's unit inside a group commit's transaction: if the block raises, only its
     writes are undone. SQLite sees the savepoint only if the unit runs a statement."""
 
-    __slots__ = ("writes", "opened", "held")
+    __slots__ = ("writes", "opened", "held", "outer")
 
     def __init__(self, writes: HeldWrites) -> None:
         self.writes = writes
         self.opened = False
         self.held: list[tuple[str, list[Any]]] = []
+        self.outer: Savepoint | None = None  # the unit this one runs inside, if any
 
     def __enter__(self) -> None:
-        assert self.writes.unit is None, "units do not nest"
-        self.writes.unit = self
-        self.writes.arm()
+        w = self.writes
+        self.outer = w.unit
+        if self.outer is not None and w.db.before_statement is not None:
+            w.db.before_statement()  # a unit inside a unit: the outer one opens first
+        w.unit = self
+        if self.outer is not None:
+            self.open()  # and this one at once, so its rollback cuts just its own writes
+        else:
+            w.arm()
 
     def open(self) -> None:
         execute_bare(self.writes.db, "SAVEPOINT unit")
@@ -100,7 +107,7 @@ class Savepoint:
 
     def __exit__(self, kind: type[BaseException] | None, *_: Any) -> bool:
         w = self.writes
-        w.unit = None
+        w.unit = self.outer
         if self.opened:
             if kind is None:
                 execute_bare(w.db, "RELEASE unit")

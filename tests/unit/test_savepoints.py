@@ -137,3 +137,20 @@ def test_held_writes_that_fail_to_run_leave_the_transaction_unable_to_commit(sto
         raise sqlite3.IntegrityError("the group ends here")
     assert _ids(store) == [1]
     assert not store.in_tx_lost
+
+
+def test_a_unit_inside_a_unit_is_rolled_back_alone_and_the_outer_one_commits(store, statements):
+    with store.tx(), store.savepoint():
+        store.insert_messages([_msg(1)])  # held, until the inner unit begins
+        with pytest.raises(RuntimeError), store.savepoint():
+            store.insert_messages([_msg(2)])
+            raise RuntimeError("the inner caller fails")
+        store.insert_messages([_msg(3)])
+    assert _ids(store) == [1, 3]
+    assert _savepoints(statements) == [
+        "SAVEPOINT unit",
+        "SAVEPOINT unit",
+        "ROLLBACK TO unit",
+        "RELEASE unit",
+        "RELEASE unit",
+    ]
