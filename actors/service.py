@@ -83,10 +83,10 @@ def sends_only(ops: Sequence[Op]) -> bool:
     return all(type(op) is Send for op in ops)
 
 
-def settle_shares(settle: Settle) -> bool:
+def settle_shares(rollback: Sequence[str], ops: Sequence[Op]) -> bool:
     """Whether a settle may share a unit: a commit whose outputs are sends. A rollback changes
     locks and poison counts outside its unit of work, so it goes alone."""
-    return not settle[1] and sends_only(settle[2])
+    return not rollback and sends_only(ops)
 
 
 class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
@@ -366,7 +366,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
             commit, rollback, ops, states, request_id = settle
             unpacked: Settle = (commit, rollback, unpack_ops(ops), states, request_id)
             settling = lambda: self.core.settle(*unpacked)  # noqa: E731
-            shares = settle_shares(unpacked)
+            shares = settle_shares(rollback, unpacked[2])
 
         def take() -> Any:
             groups = self._take(queue, options, owner_id, reader)
@@ -466,7 +466,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         return self.commits.enqueue(
             lambda: self.core.settle(commit, rollback, ops, states, request_id),
             request_id=request_id,
-            shares=settle_shares((commit, rollback, ops, states, request_id)),
+            shares=settle_shares(rollback, ops),
         )
 
     async def settle(

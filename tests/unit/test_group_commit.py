@@ -223,8 +223,8 @@ def test_many_callers_sends_and_commits_go_as_one_shared_unit(dialogs, monkeypat
 
     monkeypatch.setattr(core.uow, "shared", spy)
     sends = [lambda d=d: core.apply([Send(d.init, "Req", [b"second"])], None) for d in ds]
-    commits_ = [lambda g=g: core.settle([g.lock_id], [], [], {}, None) for g in groups]
-    _, outcomes = _run(core, sends + commits_, sharing=True)
+    settles = [lambda g=g: core.settle([g.lock_id], [], [], {}, None) for g in groups]
+    _, outcomes = _run(core, sends + settles, sharing=True)
     assert shared_runs == [len(ds) + len(groups)]
     assert [o["committed"] for o in outcomes[len(ds) :]] == [1] * len(groups)
     assert all(_waiting(core, d) == [b"second"] for d in ds[:10])
