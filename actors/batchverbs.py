@@ -16,6 +16,7 @@ from .ordering import Order
 
 if TYPE_CHECKING:
     from .core import BrokerCore
+    from .holders import LockHolders
     from .metrics import MetricsSink
     from .ordering import Sequencer
 
@@ -27,6 +28,7 @@ class BatchVerbs:
     """Batch verbs; the service supplies the rest (`_start_*`, `_wait`, `core`, ...)."""
 
     core: BrokerCore
+    holders: LockHolders
     metrics: MetricsSink | None
     _order: Sequencer
 
@@ -110,6 +112,7 @@ class BatchVerbs:
                 raise InvalidArgument(f"a take on queue {at!r} sent to wait on queue {queue!r}")
             if checks.seconds("wait", left, zero=True) <= waited:
                 return True, NOTHING  # its wait ran out before there was something to take
-            return True, pack_received(self._take(queue, options, self._adopt(owner), reader))
+            holder = self.holders.adopt(owner)
+            return True, pack_received(self._take(queue, options, holder, reader))
         except Exception as exc:  # this receive's error; the others take on
             return False, exc

@@ -40,6 +40,7 @@ from .errors import (
     StoreError,
 )
 from .groupcommit import GroupCommit
+from .holders import Holder, LockHolders
 from .metrics import SAMPLE_EVERY_S, MetricsSink
 from .ordering import Order, Sequencer
 from .routeverbs import RouteVerbs
@@ -124,7 +125,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         self.courier = self.core.transport.courier(peers) if peers is not None else None
         self.pools = ReaderPools(self, self.core.limits, launcher)
         self._waiters: dict[str, asyncio.Event] = {}
-        self._owners: dict[str, Any] = {}  # owner id -> a handle to check the holder is alive
+        self.holders = LockHolders()
         self._failpoints: set[str] = set()
         loop = asyncio.get_running_loop()
         self._poke = asyncio.Event()
@@ -166,16 +167,13 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
             self._poke.clear()
 
     async def _release_dead_owners(self) -> None:
-        held = self.core.locks.owners()
-        for owner in list(self._owners):
-            if owner not in held:
-                del self._owners[owner]
-        await asyncio.gather(*(self._check_owner(o, h) for o, h in list(self._owners.items())))
+        to_check = self.holders.keep_only(self.core.locks.owners())
+        await asyncio.gather(*(self._check_owner(o, h) for o, h in to_check))
 
     async def _check_owner(self, owner: str, handle: Any) -> None:
         if await self.holder_alive(handle) is False:
             n = self.core.release_owner(owner)
-            self._owners.pop(owner, None)
+            self.holders.forget(owner)
             log.warning(
                 "broker %s: lock holder %s is gone; %d lock(s) rolled back", self.name, owner, n
             )
@@ -184,14 +182,6 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         """Whether the holder behind `handle` still runs (None: cannot tell now). In one process
         every holder is alive; the Ray runtime asks the actor."""
         return True
-
-    def _adopt(self, owner: tuple[str, Any] | None) -> str | None:
-        """Remember who will hold the locks, to notice if it dies."""
-        if owner is None:
-            return None
-        owner_id, handle = owner
-        self._owners[owner_id] = handle
-        return owner_id
 
     # --- transport: the transmission queue goes out; bundles come in ------------------------------
 
@@ -331,7 +321,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         queue: str,
         wait: float,
         options: dict[str, Any],
-        owner: tuple[str, Any] | None = None,
+        owner: Holder | str | None = None,
         settle: tuple[Any, ...] | None = None,
         reader: str | None = None,
     ) -> bytes:
@@ -342,16 +332,19 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         got = await self._start_receive(queue, options, owner, settle, reader, packed=True)
         if got != NOTHING_RECEIVED or settle is not None or wait == 0:
             return got
-        groups = await self._wait_and_take(queue, deadline, options, self._adopt(owner), reader)
+        owner = self.holders.full(owner)
+        groups = await self._wait_and_take(
+            queue, deadline, options, self.holders.adopt(owner), reader
+        )
         if groups:
-            self._adopt(owner)
+            self.holders.adopt(owner)
         return pack_received(groups)
 
     def _start_receive(
         self,
         queue: str,
         options: dict[str, Any],
-        owner: tuple[str, Any] | None,
+        owner: Holder | str | None,
         settle: tuple[Any, ...] | None,
         reader: str | None,
         packed: bool = False,
@@ -359,7 +352,8 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         """A receive's settle part (in the next group commit) and its first take (after it).
         A settle's answer is not held behind a wait: with nothing to take, the caller hears at
         once that its commit is done, and waits in its next call."""
-        owner_id = self._adopt(owner)
+        owner = self.holders.full(owner)  # the take below may adopt it again, later
+        owner_id = self.holders.adopt(owner)
         settling = request_id = None
         shares = False
         if settle is not None:
@@ -371,7 +365,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         def take() -> Any:
             groups = self._take(queue, options, owner_id, reader)
             if groups:
-                self._adopt(owner)  # it holds locks now: watch it (it may have been forgotten)
+                self.holders.adopt(owner)  # it holds locks now: watch it (it may be forgotten)
             return pack_received(groups) if packed else groups
 
         return self.commits.enqueue(
@@ -431,11 +425,11 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         queue: str,
         wait: float,
         lease_s: float | None,
-        owner: tuple[str, Any] | None = None,
+        owner: Holder | str | None = None,
     ) -> tuple[str, str] | None:
         wait = checks.seconds("wait", wait, zero=True)
         deadline = time.monotonic() + wait
-        owner_id = self._adopt(owner)
+        owner_id = self.holders.adopt(owner)
         while True:
             found = self.core.get_conversation_group(queue, owner_id, lease_s)
             left = deadline - time.monotonic()

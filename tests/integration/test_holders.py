@@ -39,14 +39,25 @@ def wait_until_receivable(b: Broker, groups: int) -> None:
     wait_until(lambda: receivable(b, groups), DEADLINE, "the dead holder's locks to be released")
 
 
-def take_in_a_driver_that_exits(b: Broker, groups: int) -> None:
-    """A driver script that receives `groups` groups with a long lease and exits holding them."""
+def take_in_a_driver_that_exits(b: Broker, groups: int, concurrent: bool = False) -> None:
+    """A driver script that receives `groups` groups with a long lease and exits holding them:
+    in one receive, or (`concurrent`) in as many concurrent async receives of one group each,
+    which travel as one batch naming the holder's handle once (actors.coalesce)."""
+    receive = (
+        "import asyncio\n"
+        "async def take():\n"
+        f"    calls = [b.aio.receive('Q', lease={LEASE}) for _ in range({groups})]\n"
+        "    return [g for got in await asyncio.gather(*calls) for g in got]\n"
+        "got = asyncio.run(take())\n"
+        if concurrent
+        else f"got = b.receive('Q', max_groups={groups}, lease={LEASE})\n"
+    )
     code = (
         "import ray, sys\n"
         f"ray.init(address={ray.get_runtime_context().gcs_address!r}, logging_level='ERROR')\n"
         "from actors import start_broker\n"
         f"b = start_broker({b.name!r}, {b.info()['path']!r})\n"
-        f"got = b.receive('Q', max_groups={groups}, lease={LEASE})\n"
+        f"{receive}"
         "print(len(got))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -60,8 +71,9 @@ def b(make_broker) -> Broker:
     return broker
 
 
-def test_a_driver_that_exits_holding_locks_loses_them(b):
-    take_in_a_driver_that_exits(b, 3)
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one-receive", "concurrent-receives"])
+def test_a_driver_that_exits_holding_locks_loses_them(b, concurrent):
+    take_in_a_driver_that_exits(b, 3, concurrent)
 
     wait_until_receivable(b, 3)
     assert b.queues()["Q"]["locked_groups"] == 0
