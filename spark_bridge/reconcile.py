@@ -178,6 +178,8 @@ def reconcile(
     )
 
     def keys(column: str) -> list[str]:
+        if not totals[column]:  # none to name: no Spark job (a clean run needs none)
+            return []
         rows = per_key.filter(F.col(column) > 0).orderBy("key").limit(MAX_KEYS_SHOWN).collect()
         return [r["key"] for r in rows]
 

@@ -31,11 +31,16 @@ _OPENED = (
 JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENED)
 
 
-def spark_configs(executor_cpus: float, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def spark_configs(
+    executor_cpus: float, extra: Mapping[str, str] | None = None, cores: int = 2
+) -> dict[str, str]:
     """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
-    app master, this interpreter for Python workers, and how many Ray CPUs an executor holds (less
-    than its cores, so Ray tasks and the brokers' readers still get CPUs beside it)."""
+    app master, this interpreter for Python workers, how many Ray CPUs an executor holds (less
+    than its cores, so Ray tasks and the brokers' readers still get CPUs beside it), and shuffles
+    cut into a few partitions per core the executors have (Spark's default of 200 makes every
+    join and count of an audit run 200 tasks: 90 s of the demo's 200-order audit, 1 s without)."""
     conf = {
+        "spark.sql.shuffle.partitions": str(2 * cores),
         "spark.driver.extraJavaOptions": JAVA_OPTIONS,
         "spark.executor.extraJavaOptions": JAVA_OPTIONS,
         "spark.ray.raydp_app_master.extraJavaOptions": JAVA_OPTIONS,
@@ -84,7 +89,7 @@ def spark_session(
             num_executors=executors,
             executor_cores=cores,
             executor_memory=memory,
-            configs=spark_configs(executor_cpus, configs),
+            configs=spark_configs(executor_cpus, configs, executors * cores),
         )
     except Exception as exc:  # RayDP raises bare Exceptions (Java missing, gateway died, ...)
         raise SparkUnavailable(
