@@ -58,6 +58,11 @@ def orders_broker(make_broker):
     return b
 
 
+def test_the_session_cuts_shuffles_into_two_partitions_per_executor_core(spark):
+    # one executor of 2 cores (spark_session's defaults); Spark's own default is 200
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
+
+
 def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_broker):
     df = orders_frame(spark, 3000, 40)
 
