@@ -1,7 +1,7 @@
-"""Data-dependent routing on a real Ray: the sales-by-region topology of seed 000. Three initiator
-brokers talk to three replicated router brokers, which talk to four regional sales services,
-each on its own broker. Every order reaches its region; every reply returns to its initiator,
-in order, once; replicas come, go and die while orders flow."""
+"""Data-dependent routing on a real Ray: the sales-by-region topology of seed 000. Initiator
+brokers (three where several shops matter) talk to three replicated router brokers, which talk
+to four regional sales services, each on its own broker. Every order reaches its region; every
+reply returns to its initiator, in order, once; replicas come, go and die while orders flow."""
 
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def define_sales(b, *, target: str | None = None) -> None:
 
 
 @pytest.fixture
-def sales(make_broker, tmp_path):
-    """3 initiators, 4 regional targets; the router set is the test's to start."""
+def sales(make_broker, tmp_path, request):
+    """One initiator (or as many as the test's indirect parameter says), 4 regional targets; the
+    router set is the test's to start."""
     tag = uuid.uuid4().hex[:6]
-    initiators = [make_broker(name=f"shop{i}-{tag}") for i in range(3)]
+    shops = getattr(request, "param", 1)
+    initiators = [make_broker(name=f"shop{i}-{tag}") for i in range(shops)]
     for b in initiators:
         define_sales(b)
     targets = {}
@@ -115,6 +117,7 @@ def check_replies(regions: dict[str, str], got: dict[str, list], lines: int) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sales", [3], indirect=True, ids=["three-shops"])
 def test_hundreds_of_orders_reach_their_regions_and_every_reply_returns_in_order_once(sales):
     initiators, targets, router_set = sales
     rs = router_set()
@@ -282,6 +285,7 @@ def test_a_router_set_that_cannot_serve_its_targets_is_refused(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sales", [3], indirect=True, ids=["three-shops"])
 def test_a_spark_ingest_through_a_router_set_reaches_every_region_in_order_once(spark, sales):
     from pyspark.sql import functions as F
 
