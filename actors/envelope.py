@@ -189,6 +189,9 @@ def check_call_size(ops: Sequence[Op], limit: int) -> None:
         )
 
 
+NO_OPS = msgpack.packb([])  # the operations of a call that has none
+
+
 def pack_ops(ops: Sequence[Op]) -> bytes:
     out: list[list[Any]] = []
     for op in checks.items("ops", ops):
@@ -228,6 +231,8 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
 def unpack_ops(blob: bytes) -> list[Op]:
     """The operations of a call, each checked as the client checked it: a blob another client
     (or anything else) sent that is not a list of well-formed operations is InvalidArgument."""
+    if type(blob) is bytes and blob == NO_OPS:  # a receive's commit carries none: nothing to decode
+        return []
     try:
         recs = msgpack.unpackb(blob, raw=False) if isinstance(blob, bytes) else None
     except Exception as exc:  # msgpack raises several unrelated types

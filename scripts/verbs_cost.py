@@ -22,6 +22,7 @@ import time
 
 from actors import Begin, Queue, Send, Service
 from actors.catalog import kind_of, to_record
+from actors.coalesce import holders_once
 from actors.envelope import pack_ops, unpack_received
 from actors.ordering import Issuer
 from actors.service import BrokerService
@@ -53,7 +54,7 @@ async def measure(rounds: int) -> float:
                 settle = ([lock], [], pack_ops([]), {}, new_request_id()) if lock else None
                 batch.append(("receive", ("T", 0.0, OPTIONS, owner, settle, None)))
             seq = issuer.issue()
-            outcomes = await service.calls(issuer.order(seq), batch)
+            outcomes = await service.calls(issuer.order(seq), holders_once(batch))
             issuer.answered(seq)
             for i, (ok, value) in enumerate(outcomes[CLIENTS:]):
                 if not ok:
