@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import secrets
+import os
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -87,24 +86,67 @@ class Turn:
         self.counted = False  # this turn's rollback has been counted toward poison
 
 
-@dataclass
 class Lock:
-    """A conversation group held by one receiver until commit or rollback."""
+    """A conversation group held by one receiver until commit or rollback. (A plain slotted
+    class: one is made per group received, and a dataclass's field factories cost twice as
+    much.)"""
 
-    lock_id: str
-    group: int
-    queue: str
-    owner: str | None
-    expires_at: float
-    ready_key: int  # the group's queue position, to put it back where it was on rollback
-    first_id: int  # queue positions of the received messages: [first_id, last_id]
-    last_id: int
-    count: int
-    received_at: float
-    turn: Turn = field(default_factory=Turn)
-    audit: list[Any] = field(default_factory=list)
-    # committed in a group commit still open: released when it commits, no longer settleable
-    settled: bool = False
+    __slots__ = (
+        "lock_id", "group", "queue", "owner", "expires_at", "ready_key", "first_id", "last_id",
+        "count", "received_at", "turn", "audit", "settled",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        lock_id: str,
+        group: int,
+        queue: str,
+        owner: str | None,
+        expires_at: float,
+        ready_key: int,  # the group's queue position, to put it back where it was on rollback
+        first_id: int,  # queue positions of the received messages: [first_id, last_id]
+        last_id: int,
+        count: int,
+        received_at: float,
+        turn: Turn | None = None,
+    ) -> None:
+        self.lock_id, self.group, self.queue, self.owner = lock_id, group, queue, owner
+        self.expires_at, self.ready_key, self.received_at = expires_at, ready_key, received_at
+        self.first_id, self.last_id, self.count = first_id, last_id, count
+        self.turn = Turn() if turn is None else turn
+        self.audit: list[Any] = []  # the received rows, chunk by chunk (actors.audit)
+        # committed in a group commit still open: released when it commits, no longer settleable
+        self.settled = False
+
+    def __repr__(self) -> str:
+        return f"Lock({self.lock_id!r}, group={self.group}, queue={self.queue!r})"
+
+
+class Tokens:
+    """Unguessable hex tokens (64 random bits each) from the OS's random source, read a few
+    kilobytes at a time: one `os.urandom` call per token (as `secrets.token_hex` makes) cost a
+    system call per received group. A child process made by fork reads its own."""
+
+    SIZE = 8  # bytes per token
+    CHUNK = 512  # tokens per read
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._at = 0
+
+    def forget(self) -> None:
+        self._buffer, self._at = b"", 0
+
+    def next(self) -> str:
+        at = self._at
+        if at >= len(self._buffer):
+            self._buffer, at = os.urandom(self.SIZE * self.CHUNK), 0
+        self._at = at + self.SIZE
+        return self._buffer[at : at + self.SIZE].hex()
+
+
+_TOKENS = Tokens()  # one per process (a fork's child must not repeat its parent's)
+os.register_at_fork(after_in_child=_TOKENS.forget)
 
 
 class LockTable:
@@ -136,7 +178,7 @@ class LockTable:
     ) -> Lock:
         assert group not in self.by_group, "group already locked"
         lock = Lock(
-            lock_id=f"{self._prefix}-{next(self._seq)}-{secrets.token_hex(8)}",
+            lock_id=f"{self._prefix}-{next(self._seq)}-{_TOKENS.next()}",
             group=group,
             queue=queue,
             owner=owner,
@@ -146,7 +188,7 @@ class LockTable:
             last_id=last_id,
             count=count,
             received_at=now,
-            turn=turn or Turn(),
+            turn=turn,
         )
         self.by_id[lock.lock_id] = lock
         self.by_group[group] = lock

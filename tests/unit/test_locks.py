@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.locks import Lock, LockTable, QueueIndex
+from actors import locks
+from actors.locks import Lock, LockTable, QueueIndex, Tokens
 from tests.fakes import FakeClock
 
 # --- QueueIndex ------------------------------------------------------------------------------
@@ -336,3 +339,30 @@ def test_next_expiry_is_the_earliest_lease_end_or_none_without_locks():
     assert table.next_expiry() == clock() + 3
     table.release(soon)
     assert table.next_expiry() == clock() + 10
+
+
+def test_tokens_are_64_random_bits_in_hex_and_do_not_repeat_across_reads():
+    tokens = Tokens()
+    drawn = [tokens.next() for _ in range(3 * Tokens.CHUNK + 5)]  # several reads of the OS
+    assert all(len(t) == 16 and int(t, 16) >= 0 for t in drawn)
+    assert len(set(drawn)) == len(drawn)
+
+
+def test_a_forked_child_draws_tokens_of_its_own_not_its_parents_next_ones():
+    locks._TOKENS.next()  # the process's buffer now holds its next tokens
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next token, to the parent
+        os.write(write, locks._TOKENS.next().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert len(child) == 16 and child != locks._TOKENS.next()
+
+
+def test_the_random_part_of_each_lock_id_is_a_fresh_token():
+    table = LockTable()
+    ids = [table.acquire(g, "q", None, 0.0, None, g, g, g, 1).lock_id for g in range(600)]
+    assert len({i.rsplit("-", 1)[1] for i in ids}) == len(ids)
