@@ -61,6 +61,19 @@ class Endpoint:
         """When something falls due for this endpoint: its timer, its lifetime, its purge."""
         return self.timer_at, self.expires_at, self.closed_at
 
+    def settings(self) -> tuple[object, ...]:
+        """What the store keeps of it that changes after BEGIN, but its sequence numbers (see
+        `Store.update_endpoints`)."""
+        return (
+            self.group_no,
+            self.state.value,
+            self.expires_at,
+            self.timer_at,
+            self.far_broker,
+            self.closed_at,
+            self.no,
+        )
+
     def row(self) -> tuple[object, ...]:
         """The endpoint as a row of the store's endpoints table (see store.ENDPOINT_COLUMNS)."""
         return (

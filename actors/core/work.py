@@ -98,12 +98,13 @@ class Changes:
 class _Group:
     """An open group commit: its units, and what is written once at its end."""
 
-    __slots__ = ("units", "touched", "requests", "looked_up", "found", "audit")
+    __slots__ = ("units", "touched", "settled", "requests", "looked_up", "found", "audit")
 
     def __init__(self) -> None:
         self.units: list[Changes] = []
         self.audit: list[list[Any]] = []  # the units' delivery records: one audit row in all
-        self.touched: set[int] = set()  # endpoint numbers
+        self.touched: set[int] = set()  # endpoint numbers: their sequence numbers are written
+        self.settled: set[int] = set()  # those whose other columns changed too
         self.requests: dict[str, tuple[str, float, bytes]] = {}  # request id -> its record
         self.looked_up: set[str] = set()  # request ids looked up at the group's start
         self.found: dict[str, bytes] = {}  # those of them applied before: their results
@@ -246,9 +247,12 @@ class UnitOfWork:
                     g.looked_up = set(ids)
                 yield
                 eps = self.state.endpoints
-                rows = [eps[no].row() for no in g.touched if no in eps]
-                if rows:
-                    self.store.update_endpoints(rows)
+                live = [eps[no] for no in g.touched if no in eps]
+                if live:
+                    self.store.update_endpoint_seqs([(e.send_seq, e.recv_seq, e.no) for e in live])
+                changed = [eps[no].settings() for no in g.settled if no in eps]
+                if changed:
+                    self.store.update_endpoints(changed)
                 if g.requests:
                     self.store.put_requests(g.requests.values())
                 if g.audit:
@@ -317,11 +321,18 @@ class UnitOfWork:
         born = [ep.row() for ep in w.new_endpoints if ep.no not in dead]
         if born:
             store.upsert_endpoints(born)
-        changed = [no for no in w.touched if no not in dead and no in st.endpoints]
-        if self._group is not None:
-            self._group.touched.update(changed)  # written once, when the group ends
+        eps = st.endpoints
+        changed = [no for no in w.touched if no not in dead and no in eps]
+        # of those, the ones whose row changed beyond their sequence numbers (few: a send
+        # changes only those)
+        settled = [no for no in changed if eps[no].settings() != w.touched[no].settings()]
+        if self._group is not None:  # written once, when the group ends
+            self._group.touched.update(changed)
+            self._group.settled.update(settled)
         elif changed:
-            store.update_endpoints(st.endpoints[no].row() for no in changed)
+            store.update_endpoint_seqs([(eps[no].send_seq, eps[no].recv_seq, no) for no in changed])
+            if settled:
+                store.update_endpoints([eps[no].settings() for no in settled])
         if dead:
             store.delete_endpoints(dead)
             self._drop_emptied_groups(w)

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from ..dialogs import Endpoint
 from ..routing import Hop
-from ..store import Store, TransmissionRow
+from ..store import Store
+from ..storetransmission import TransmissionRow
 from .port import BrokerPort, Work
 from .wire import Bundle, pack_bundles, unpack_reply
 

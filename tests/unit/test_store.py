@@ -250,6 +250,38 @@ def test_upserting_an_endpoint_replaces_its_row(store):
     assert store.load_endpoints() == [_endpoint_row(2)]
 
 
+def test_an_endpoints_sequence_numbers_and_other_columns_are_updated_apart(store):
+    store.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
+    store.update_endpoint_seqs([(7, 9, 1)])  # (send_seq, recv_seq, no)
+    store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 2)])
+    want_1 = (*_endpoint_row(1)[:9], 7, 9, *_endpoint_row(1)[11:])
+    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0)
+    assert sorted(store.load_endpoints()) == [want_1, want_2]
+
+
+def test_a_deleted_endpoints_number_used_again_starts_from_its_new_row(store):
+    store.upsert_endpoints([_endpoint_row(1)])
+    store.update_endpoint_seqs([(7, 9, 1)])
+    store.delete_endpoints([1])
+    store.upsert_endpoints([_endpoint_row(1)])  # e.g. the highest number, reused after restart
+    assert store.load_endpoints() == [_endpoint_row(1)]
+
+
+def test_a_store_written_before_the_sequence_table_keeps_its_endpoints_numbers(path):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(1)])
+    s.db.execute("DROP TABLE endpoint_seqs")  # as a store of an earlier version has it
+    s.db.execute("DELETE FROM meta WHERE key='endpoint_seqs'")
+    s.close()
+    s = Store(path)
+    assert s.load_endpoints() == [_endpoint_row(1)]
+    s.update_endpoint_seqs([(5, 6, 1)])
+    s.close()
+    s = Store(path)  # opened again: moved once, not overwritten by the old columns
+    assert s.load_endpoints() == [(*_endpoint_row(1)[:9], 5, 6, *_endpoint_row(1)[11:])]
+    s.close()
+
+
 def test_max_keys_are_the_highest_endpoint_group_and_message_numbers(store):
     store.upsert_endpoints([_endpoint_row(4), _endpoint_row(2)])
     store.insert_groups([(7, "g-7", "Q")])
