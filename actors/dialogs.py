@@ -63,10 +63,11 @@ class Endpoint:
 
     def settings(self) -> tuple[object, ...]:
         """What the store keeps of it that changes after BEGIN, but its sequence numbers (see
-        `Store.update_endpoints`)."""
+        `Store.update_endpoints`). The state as itself (a str): its `.value` costs an enum
+        descriptor call, and this is compared for every endpoint a commit touches."""
         return (
             self.group_no,
-            self.state.value,
+            self.state,
             self.expires_at,
             self.timer_at,
             self.far_broker,
