@@ -1,15 +1,18 @@
-"""The broker's cost per message for many small clients, in one process (no Ray): rounds of one
-coalesced batch each, 100 one-message sends and 100 receive-and-commits of one-message groups,
-through `BrokerService.calls` on a real SQLite file, as the `many-clients` workload of
-`raybroker bench peers` sends them (the client's packing included). Prints CPU microseconds per
-message.
+"""The broker's cost per message in one process (no Ray), through `BrokerService.calls` on a real
+SQLite file, the client's packing included, in the shape of one `raybroker bench peers`
+workload. Prints CPU microseconds per message.
+
+- `many-clients` (the default): rounds of one coalesced batch each, 100 one-message sends and
+  100 receive-and-commits of one-message groups.
+- `paced`: rounds of one call of 100 sends (one message on each of 100 conversations), then
+  receives of up to 32 groups by 4 consumers, each committing what it took in its last call.
 
 CPU time on a shared machine drifts by 2x from run to run; instruction counts do not. To count
 them, run it under callgrind with two sizes and divide the difference by the messages between:
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python scripts/verbs_cost.py 10
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null python scripts/verbs_cost.py 60
-    # instructions per message = (Collected at 60 - Collected at 10) / (50 * 100)
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python scripts/verbs_cost.py 40
+    # instructions per message = (Collected at 40 - Collected at 10) / (30 * 100)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 
 from actors import Begin, Queue, Send, Service
 from actors.catalog import kind_of, to_record
@@ -28,57 +32,104 @@ from actors.ordering import Issuer
 from actors.service import BrokerService
 from actors.verbs import new_request_id
 
-CLIENTS = 100
+CONVERSATIONS = 100  # messages per round
 WARMUP = 20
-OPTIONS = {"max_groups": 1, "top": 1, "group_id": None, "handle": None, "lease_s": None}
+OWNER = ("verbs-client", [None])
+Round = Callable[[], Awaitable[None]]
 
 
-async def measure(rounds: int) -> float:
-    """CPU seconds per message over `rounds` batches, after a warm-up."""
+def _options(max_groups: int, top: int | None) -> dict:
+    return {"max_groups": max_groups, "top": top, "group_id": None, "handle": None, "lease_s": None}
+
+
+def _settle(locks: list[str]) -> tuple | None:
+    return (locks, [], pack_ops([]), {}, new_request_id()) if locks else None
+
+
+class Client:
+    """A client of `service`: its calls go as one coalesced batch each, as a handle sends them."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+        self.issuer = Issuer()
+
+    async def calls(self, batch: list) -> list:
+        seq = self.issuer.issue()
+        outcomes = await self.service.calls(self.issuer.order(seq), holders_once(batch))
+        self.issuer.answered(seq)
+        for ok, value in outcomes:
+            if not ok:
+                raise value
+        return outcomes
+
+
+def many_clients(client: Client, handles: list[str]) -> Round:
+    options = _options(1, 1)
+    held: list[list[str]] = [[] for _ in handles]  # each consumer's lock to commit next
+
+    async def one_round() -> None:
+        batch = [
+            ("apply", (pack_ops([Send(h, "DEFAULT", [bytes(100)])]), new_request_id()))
+            for h in handles
+        ]
+        for locks in held:
+            batch.append(("receive", ("T", 0.0, options, OWNER, _settle(locks), None)))
+        outcomes = await client.calls(batch)
+        for i, (_, value) in enumerate(outcomes[len(handles) :]):
+            held[i] = [g.lock_id for g in unpack_received(value)]
+
+    return one_round
+
+
+def paced(client: Client, handles: list[str], consumers: int = 4) -> Round:
+    options = _options(32, None)
+    held: list[list[str]] = [[] for _ in range(consumers)]
+
+    async def one_round() -> None:
+        ops = pack_ops([Send(h, "DEFAULT", [bytes(100)]) for h in handles])
+        await client.calls([("apply", (ops, new_request_id()))])
+        got = 0
+        while got < len(handles):
+            for c in range(consumers):
+                receive = ("receive", ("T", 0.0, options, OWNER, _settle(held[c]), None))
+                [(_, value)] = await client.calls([receive])
+                held[c] = [g.lock_id for g in unpack_received(value)]
+                got += len(held[c])
+
+    return one_round
+
+
+SHAPES = {"many-clients": many_clients, "paced": paced}
+
+
+async def measure(rounds: int, shape: str = "many-clients") -> float:
+    """CPU seconds per message over `rounds` rounds, after a warm-up."""
     folder = tempfile.mkdtemp(prefix="raybroker-verbs-")
     service = BrokerService("verbs", os.path.join(folder, "verbs.sqlite"))
     try:
         for d in (Queue("I"), Service("Init", "I", []), Queue("T"), Service("T", "T", ["DEFAULT"])):
             await service.define(kind_of(d), to_record(d), new_request_id())
-        begins = pack_ops([Begin("Init", "T") for _ in range(CLIENTS)])
+        begins = pack_ops([Begin("Init", "T") for _ in range(CONVERSATIONS)])
         handles = (await service.apply(begins, new_request_id()))["handles"]
-        issuer, owner = Issuer(), ("verbs-client", [None])
-        held: list[str | None] = [None] * CLIENTS  # each consumer's lock to commit next
-
-        async def one_round() -> None:
-            batch = [
-                ("apply", (pack_ops([Send(h, "DEFAULT", [bytes(100)])]), new_request_id()))
-                for h in handles
-            ]
-            for lock in held:
-                settle = ([lock], [], pack_ops([]), {}, new_request_id()) if lock else None
-                batch.append(("receive", ("T", 0.0, OPTIONS, owner, settle, None)))
-            seq = issuer.issue()
-            outcomes = await service.calls(issuer.order(seq), holders_once(batch))
-            issuer.answered(seq)
-            for i, (ok, value) in enumerate(outcomes[CLIENTS:]):
-                if not ok:
-                    raise value
-                groups = unpack_received(value)
-                held[i] = groups[0].lock_id if groups else None
-
+        one_round = SHAPES[shape](Client(service), handles)
         for _ in range(WARMUP):
             await one_round()
         started = time.process_time()
         for _ in range(rounds):
             await one_round()
-        return (time.process_time() - started) / (rounds * CLIENTS)
+        return (time.process_time() - started) / (rounds * CONVERSATIONS)
     finally:
         await service.close()
 
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    per_message = asyncio.run(measure(rounds))
-    print(
-        f"{rounds} rounds of {CLIENTS} sends + {CLIENTS} receive-and-commits: "
-        f"{per_message * 1e6:.1f} us of CPU per message"
-    )
+    shape = sys.argv[2] if len(sys.argv) > 2 else "many-clients"
+    if shape not in SHAPES:
+        sys.exit(f"unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
+    per_message = asyncio.run(measure(rounds, shape))
+    print(f"{shape}, {rounds} rounds of {CONVERSATIONS} messages: ", end="")
+    print(f"{per_message * 1e6:.1f} us of CPU per message")
 
 
 if __name__ == "__main__":
