@@ -192,8 +192,11 @@ class Receiving(Part):
                     self.store.remove_received(lk.group, lk.first_id, lk.last_id, retain)
                     w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
                     w.audit.append(self._audit_group(lk, w.now))
-            held = frozenset(lk.group for lk in committing)
-            result = self.conversations.apply_ops(w, ops, held)
+            if ops:
+                held = frozenset(lk.group for lk in committing)
+                result = self.conversations.apply_ops(w, ops, held)
+            else:  # a reader's plain commit: nothing to check or apply
+                result = {"handles": [], "sent": 0}
             if states:
                 self.store.set_group_states((s, by_gid[g].group) for g, s in states.items())
                 for gid in states:

@@ -62,8 +62,9 @@ class Changes:
     made per message in a busy broker, and a dataclass's field factories cost twice as much.)"""
 
     __slots__ = (
-        "now", "messages", "arrivals", "removals", "transmission", "touched", "new_endpoints",
-        "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo", "after",
+        "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
+        "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
+        "after",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -73,6 +74,8 @@ class Changes:
         self.removals: list[Removed] = []
         self.transmission: list[tuple[Any, ...]] = []
         self.touched: dict[int, Endpoint] = {}  # no -> snapshot before change
+        # those of them changed beyond their sequence numbers (found when written)
+        self.settled: list[int] = []
         self.new_endpoints: list[Endpoint] = []
         self.new_nos: set[int] = set()  # their numbers, for touch
         self.dead_endpoints: list[Endpoint] = []
@@ -325,7 +328,9 @@ class UnitOfWork:
         changed = [no for no in w.touched if no not in dead and no in eps]
         # of those, the ones whose row changed beyond their sequence numbers (few: a send
         # changes only those)
-        settled = [no for no in changed if eps[no].settings() != w.touched[no].settings()]
+        settled = w.settled = [
+            no for no in changed if eps[no].settings() != w.touched[no].settings()
+        ]
         if self._group is not None:  # written once, when the group ends
             self._group.touched.update(changed)
             self._group.settled.update(settled)
@@ -367,9 +372,9 @@ class UnitOfWork:
             st.parked.discard(ep.no)
         for ep in w.new_endpoints:
             st.schedule(ep)
-        for no, before in w.touched.items():
+        for no in w.settled:  # only these can have new due times (a send changes none)
             ep = st.endpoints.get(no)
-            if ep is not None and ep.due_times() != before.due_times():
+            if ep is not None and ep.due_times() != w.touched[no].due_times():
                 st.schedule(ep)
         for fn in w.after:
             fn()
