@@ -105,23 +105,34 @@ class Send:
         bodies: bytes | Sequence[bytes],
         at: int | None = None,
     ) -> None:
-        handles = (
-            (handles,) if isinstance(handles, str) else tuple(checks.items("handles", handles))
-        )
+        if isinstance(handles, str):
+            handles = (handles,)
+        else:  # a list as the wire brings it, at once; anything else once checked
+            kind = type(handles)
+            handles = tuple(handles if kind is list else checks.items("handles", handles))
         if not handles:
             raise InvalidArgument("send needs at least one conversation handle")
-        if not all(type(h) is str and 0 < len(h) <= MAX_HANDLE for h in handles):
+        # one handle (most sends) is checked without a generator
+        h = handles[0]
+        if not (type(h) is str and 0 < len(h) <= MAX_HANDLE) or (
+            len(handles) > 1
+            and not all(type(h) is str and 0 < len(h) <= MAX_HANDLE for h in handles)
+        ):
             for handle in handles:  # find the bad one, to name it
                 _handle("conversation handle", handle)
         object.__setattr__(self, "handles", handles)
         object.__setattr__(self, "message_type", _name("message type", message_type))
         if isinstance(bodies, bytes | bytearray):
             bodies = (bodies,)
-        elif isinstance(bodies, str) or not isinstance(bodies, Sequence):
+        elif type(bodies) is not list and (
+            isinstance(bodies, str) or not isinstance(bodies, Sequence)  # an ABC check: slower
+        ):
             raise InvalidArgument(
                 f"a message body must be bytes (or a list of bytes), not {type(bodies).__name__}"
             )
-        if not all(type(body) is bytes for body in bodies):
+        if (len(bodies) != 1 or type(bodies[0]) is not bytes) and not all(
+            type(body) is bytes for body in bodies
+        ):
             bodies = tuple(map(_as_bytes, bodies))
         object.__setattr__(self, "bodies", tuple(bodies))
         if at is not None:

@@ -104,7 +104,7 @@ class Receiving(Part):
             lock.audit.append(rows)
         eps = self.state.endpoints
         infos = {}
-        for no in {r[1] for r in rows}:
+        for no in _endpoint_nos(rows):
             ep = eps[no]
             infos[no] = (ep.handle, ep.conversation_id, ep.service, ep.far_service, ep.contract)
         if len(infos) > 1:  # one conversation's messages before the next, each in sequence
@@ -217,7 +217,7 @@ class Receiving(Part):
         st = self.state
         rows = lk.audit[0] if len(lk.audit) == 1 else [r for chunk in lk.audit for r in chunk]
         senders = {}
-        for no in {r[1] for r in rows}:
+        for no in _endpoint_nos(rows):
             ep = st.endpoints[no]
             local = ep.far_broker in (None, st.broker_id)
             senders[no] = (
@@ -232,6 +232,7 @@ class Receiving(Part):
 
     def _release(self, locks: Sequence[Lock], committed: bool) -> None:
         st = self.state
+        queues = set()
         for lk in locks:
             st.locks.release(lk)
             idx = st.queue_index(lk.queue)
@@ -240,7 +241,9 @@ class Receiving(Part):
                 idx.make_ready(lk.group, lk.last_id + 1)
             else:
                 idx.make_ready(lk.group, lk.ready_key)
-            self.uow.notify(lk.queue)
+            queues.add(lk.queue)
+        for queue in queues:  # once per queue, however many of its groups were released
+            self.uow.notify(queue)
 
     def _committed(self, locks: Sequence[Lock], messages: int) -> None:
         """After a commit: its groups' locks go, the groups are ready again, and it counts."""
@@ -324,3 +327,8 @@ class Receiving(Part):
             st.cache.drop(old)
 
         self.uow.run(fn)
+
+
+def _endpoint_nos(rows: Sequence[Sequence[Any]]) -> Iterable[int]:
+    """The endpoints a group's received rows came from (most often a group has one row)."""
+    return (rows[0][1],) if len(rows) == 1 else {r[1] for r in rows}
