@@ -13,6 +13,8 @@ from typing import Any
 
 import msgpack
 
+from .packing import packb
+
 FIELDS = (
     "message_id",  # "<conversation id>/<i|t>/<sequence>": the same on every broker it crosses
     "conversation_id",
@@ -68,7 +70,7 @@ def encode_group(
 
 
 def pack(groups: Sequence[list[Any]]) -> bytes:
-    return msgpack.packb(groups, use_bin_type=True)
+    return packb(groups)
 
 
 def records(payload: bytes) -> list[dict[str, Any]]:

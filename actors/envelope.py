@@ -19,6 +19,7 @@ from .bodies import shown
 from .catalog import DEFAULT, ERROR, check_name
 from .dialogs import check_error, parse_error_body
 from .errors import InvalidArgument, InvalidDefinition
+from .packing import packb
 from .routing import check_broker_id
 
 MAX_HANDLE = 200  # characters in a conversation handle or group id a caller chooses
@@ -200,7 +201,7 @@ def check_call_size(ops: Sequence[Op], limit: int) -> None:
         )
 
 
-NO_OPS = msgpack.packb([])  # the operations of a call that has none
+NO_OPS = packb([])  # the operations of a call that has none
 
 
 def pack_ops(ops: Sequence[Op]) -> bytes:
@@ -232,7 +233,7 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
         else:
             out.append([3, op.handle, op.timeout])
     try:
-        return msgpack.packb(out, use_bin_type=True)
+        return packb(out) if out else NO_OPS
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument(
             f"operations could not be encoded ({exc}); bodies must be bytes"
@@ -329,9 +330,8 @@ class ReceivedGroup:
 
 
 def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
-    return msgpack.packb(
-        [[g.group_id, g.lock_id, g.state, list(g.endpoints.items()), g.rows] for g in groups],
-        use_bin_type=True,
+    return packb(
+        [[g.group_id, g.lock_id, g.state, list(g.endpoints.items()), g.rows] for g in groups]
     )
 
 

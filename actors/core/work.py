@@ -20,6 +20,7 @@ import msgpack
 from .. import audit
 from ..dialogs import Endpoint
 from ..errors import InvalidArgument
+from ..packing import packb
 from ..store import Store
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ class UnitOfWork:
                 result = fn(w)
                 self._write(w)
                 if request_id is not None:
-                    record = (request_id, w.now, msgpack.packb([verb, result]))
+                    record = (request_id, w.now, packb([verb, result]))
                     if g is None:
                         self.store.put_requests([record])
         except BaseException:
@@ -216,7 +217,7 @@ class UnitOfWork:
     ) -> T:
         result = fn(s.w)  # an error fails the whole shared unit (its caller then goes alone)
         if request_id is not None:
-            g.requests[request_id] = (request_id, s.w.now, msgpack.packb([verb, result]))
+            g.requests[request_id] = (request_id, s.w.now, packb([verb, result]))
             s.request_ids.append(request_id)
         return result
 

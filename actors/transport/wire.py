@@ -11,6 +11,7 @@ import msgpack
 
 from ..catalog import check_name
 from ..errors import BrokerError, InvalidArgument
+from ..packing import packb
 
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470
@@ -62,7 +63,7 @@ class Reply(NamedTuple):
 
 
 def pack_bundles(bundles: Sequence[Bundle]) -> bytes:
-    return msgpack.packb(list(bundles), use_bin_type=True)
+    return packb(list(bundles))
 
 
 MAX_ID = 128  # characters of a conversation or broker id (ours are 36)
@@ -152,7 +153,7 @@ def _kind(value: Any) -> str:
 
 
 def pack_reply(acks: Sequence[Ack], refused: Sequence[str]) -> bytes:
-    return msgpack.packb([list(acks), list(refused)], use_bin_type=True)
+    return packb([list(acks), list(refused)])
 
 
 def unpack_reply(blob: Any) -> Reply:

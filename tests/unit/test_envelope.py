@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors import packing
 from actors.catalog import DEFAULT, ERROR
 from actors.dialogs import error_body
 from actors.envelope import (
@@ -253,3 +256,26 @@ def test_a_received_group_with_no_rows_has_no_messages():
 def test_an_operation_with_a_bad_time_code_or_flag_is_refused_when_made(make):
     with pytest.raises(InvalidArgument):
         make()
+
+
+def test_the_per_thread_packer_packs_as_msgpack_does_and_recovers_from_a_failed_pack():
+    value = [1, "two", b"three", None, {"four": [4.5]}]
+    assert packing.packb(value) == msgpack.packb(value, use_bin_type=True)
+    with pytest.raises(TypeError):
+        packing.packb([object()])
+    assert packing.packb(value) == msgpack.packb(value, use_bin_type=True)  # nothing left over
+
+
+def test_threads_pack_with_packers_of_their_own():
+    results: dict[int, list[bytes]] = {}
+
+    def pack_many(n: int) -> None:
+        results[n] = [packing.packb([n, i, bytes(n)]) for i in range(2000)]
+
+    threads = [threading.Thread(target=pack_many, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n, packed in results.items():
+        assert packed == [msgpack.packb([n, i, bytes(n)]) for i in range(2000)]
