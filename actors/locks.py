@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -134,9 +135,6 @@ class Tokens:
         self._buffer = b""
         self._at = 0
 
-    def forget(self) -> None:
-        self._buffer, self._at = b"", 0
-
     def next(self) -> str:
         at = self._at
         if at >= len(self._buffer):
@@ -145,8 +143,24 @@ class Tokens:
         return self._buffer[at : at + self.SIZE].hex()
 
 
-_TOKENS = Tokens()  # one per process (a fork's child must not repeat its parent's)
-os.register_at_fork(after_in_child=_TOKENS.forget)
+_local = threading.local()  # a Tokens per thread (in-process brokers run on threads of their own)
+
+
+def tokens() -> Tokens:
+    """This thread's tokens."""
+    try:
+        return _local.tokens
+    except AttributeError:
+        t = _local.tokens = Tokens()
+        return t
+
+
+def _forget_tokens_after_fork() -> None:
+    global _local  # a fork's child must not repeat its parent's tokens
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_tokens_after_fork)
 
 
 class LockTable:
@@ -178,7 +192,7 @@ class LockTable:
     ) -> Lock:
         assert group not in self.by_group, "group already locked"
         lock = Lock(
-            lock_id=f"{self._prefix}-{next(self._seq)}-{_TOKENS.next()}",
+            lock_id=f"{self._prefix}-{next(self._seq)}-{tokens().next()}",
             group=group,
             queue=queue,
             owner=owner,

@@ -3,7 +3,9 @@
 `msgpack.packb` builds a new `Packer` on every call, about as much work as packing a small
 object itself; the broker packs several small objects per message (each call's request record,
 each receive's answer, each batch of operations). A packer is not safe to share between threads
-(in-process brokers run on threads of their own), so each thread keeps its own.
+(in-process brokers run on threads of their own), so each thread keeps its own. A packer never
+shrinks its buffer, so one that packed something big is dropped rather than kept for the
+thread's life.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import msgpack
 
 _local = threading.local()
+KEEP_BYTES = 1 << 20  # a packer whose last output was bigger is not kept
 
 
 def packb(obj: Any) -> bytes:
@@ -22,4 +25,7 @@ def packb(obj: Any) -> bytes:
         packer = _local.packer
     except AttributeError:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(obj)
+    out = packer.pack(obj)
+    if len(out) > KEEP_BYTES:
+        del _local.packer  # its buffer is as big as this output: let it go
+    return out

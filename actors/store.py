@@ -225,12 +225,12 @@ class Store(TransmissionRows):
     # (measured: about a microsecond a row against three and a half).
 
     def _seqs_of_older_stores(self) -> None:
-        """A store written before `endpoint_seqs` existed: its endpoints' numbers move there."""
-        if self.get_meta("endpoint_seqs") is None:
-            self.db.execute(
-                "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
-            )
-            self.set_meta("endpoint_seqs", "1")
+        """Endpoints without a row in `endpoint_seqs` (a store written before it existed, or
+        rows an earlier raybroker wrote since) get theirs from the endpoints table, on every
+        open; those that have one keep it."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
+        )
 
     def load_endpoints(self) -> list[tuple[Any, ...]]:
         return self.db.execute(

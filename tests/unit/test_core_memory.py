@@ -6,7 +6,7 @@ from __future__ import annotations
 from actors.catalog import DIALOG_TIMER
 from actors.envelope import Begin, End, Send, Timer
 
-TABLES = ("endpoints", "groups", "messages", "transmission")
+TABLES = ("endpoints", "endpoint_seqs", "groups", "messages", "transmission")
 
 
 def rows(core) -> dict[str, int]:

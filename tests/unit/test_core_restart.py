@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actors.catalog import Service
-from actors.envelope import Begin, Send, Timer
+from actors.envelope import Begin, End, Send, Timer
 from actors.errors import LockNotHeld
 
 
@@ -131,3 +131,32 @@ def test_a_request_id_applied_before_a_restart_is_not_applied_again_after_it(
     again.apply(ops, request_id="r-1")
 
     assert [r["sequence_number"] for r in again.queue_view("TargetQ")] == [0, 1]
+
+
+def test_a_group_commit_keeps_each_units_changes_to_one_endpoint_across_a_restart(
+    make_core, path, open_dialog
+):
+    """Units of one group (alone and sharing a unit) change the same endpoints: a timer and an
+    end beside sends, and a dialog begun and sent on in the same group. The endpoint rows and
+    their sequence numbers, written once at the group's end, come back as they were."""
+    core = make_core(path)
+    d, e = open_dialog(core), open_dialog(core)
+    begun = Begin("Init", "Target", "C")
+    with core.uow.group():
+        core.apply([Timer(d.init, 30)])  # a setting of d's initiator...
+        core.uow.shared(  # ...then its sequence numbers, in a unit shared with another send
+            [
+                lambda: core.apply([Send(d.init, "Req", [b"1", b"2"])]),
+                lambda: core.apply([Send(e.target, "Reply", b"r")]),
+            ]
+        )
+        core.apply([End(e.init)])  # a setting of an endpoint whose numbers changed before
+        core.apply([begun, Send(begun.handle, "Req", b"x")])
+        core.apply([Send(begun.handle, "Req", b"y"), Timer(begun.handle, 5)])
+    endpoints = by_handle(core)
+
+    again = restart(make_core, core, path)
+
+    assert by_handle(again) == endpoints
+    sent = {ep["conversation_handle"]: ep["send_sequence"] for ep in endpoints}
+    assert (sent[d.init], sent[begun.handle]) == (3, 2)  # hello, 1, 2 / x, y

@@ -279,3 +279,24 @@ def test_threads_pack_with_packers_of_their_own():
         t.join()
     for n, packed in results.items():
         assert packed == [msgpack.packb([n, i, bytes(n)]) for i in range(2000)]
+
+
+def test_a_packer_that_packed_something_big_is_not_kept_for_the_thread():
+    packing.packb([1])
+    small = packing._local.packer
+    packing.packb([1])
+    assert packing._local.packer is small  # kept while what it packs is small
+    packing.packb(bytes(packing.KEEP_BYTES + 1))
+    assert getattr(packing._local, "packer", None) is not small
+
+
+def test_a_send_names_a_bad_handle_anywhere_in_its_list():
+    with pytest.raises(InvalidArgument, match="conversation handle"):
+        Send(["h-1", "h-2", ""], "M", b"x")
+    with pytest.raises(InvalidArgument, match="conversation handle"):
+        Send(["h-1", 7], "M", b"x")
+
+
+def test_a_send_takes_a_bytearray_body_in_a_list_as_bytes():
+    op = Send(["h-1"], "M", [bytearray(b"ab")])
+    assert op.bodies == (b"ab",) and type(op.bodies[0]) is bytes

@@ -18,8 +18,8 @@ from actors.mirroring.capture import attach
 from actors.store import Store
 from tests.unit.conftest import core_snapshot, define_core_catalog, open_core_dialog
 
-TABLES = ("meta", "catalog", "groups", "endpoints", "messages", "transmission", "routes",
-          "events", "audit", "requests")  # fmt: skip
+TABLES = ("meta", "catalog", "groups", "endpoints", "endpoint_seqs", "messages", "transmission",
+          "routes", "events", "audit", "requests")  # fmt: skip
 
 
 def dump(store: Store) -> dict[str, list]:

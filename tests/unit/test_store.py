@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from actors.errors import InvalidArgument, StoreError
-from actors.store import Store
+from actors.store import ENDPOINT_COLUMNS, Store
 
 WAITING, RECEIVED = 0, 1
 
@@ -271,7 +271,6 @@ def test_a_store_written_before_the_sequence_table_keeps_its_endpoints_numbers(p
     s = Store(path)
     s.upsert_endpoints([_endpoint_row(1)])
     s.db.execute("DROP TABLE endpoint_seqs")  # as a store of an earlier version has it
-    s.db.execute("DELETE FROM meta WHERE key='endpoint_seqs'")
     s.close()
     s = Store(path)
     assert s.load_endpoints() == [_endpoint_row(1)]
@@ -279,6 +278,19 @@ def test_a_store_written_before_the_sequence_table_keeps_its_endpoints_numbers(p
     s.close()
     s = Store(path)  # opened again: moved once, not overwritten by the old columns
     assert s.load_endpoints() == [(*_endpoint_row(1)[:9], 5, 6, *_endpoint_row(1)[11:])]
+    s.close()
+
+
+def test_an_endpoint_an_earlier_raybroker_wrote_gets_its_numbers_on_the_next_open(path):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(1)])
+    s.db.execute(  # as an earlier version writes one: the endpoints table alone
+        f"INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+        _endpoint_row(2),
+    )
+    s.close()
+    s = Store(path)
+    assert sorted(s.load_endpoints()) == [_endpoint_row(1), _endpoint_row(2)]
     s.close()
 
 
