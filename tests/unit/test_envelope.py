@@ -69,7 +69,6 @@ def test_begin_defaults_to_the_default_contract_and_a_fresh_uuid_handle():
         Timer("h-1", 2.5),
         Timer("h-1", 0),
     ],
-    ids=repr,
 )
 def test_each_operation_survives_pack_and_unpack(op):
     assert unpack_ops(pack_ops([op])) == [op]
@@ -96,9 +95,7 @@ def test_bodies_are_bytes_after_unpacking_even_when_sent_as_bytearray():
     assert type(op.bodies[0]) is bytes
 
 
-@pytest.mark.parametrize(
-    "thing", [object(), None, "Send", {"handle": "h-1"}, ("h-1", "M", b"x")], ids=repr
-)
+@pytest.mark.parametrize("thing", [object(), None, "Send", {"handle": "h-1"}, ("h-1", "M", b"x")])
 def test_an_object_that_is_not_an_operation_is_an_invalid_argument(thing):
     with pytest.raises(InvalidArgument, match="is not an operation"):
         pack_ops([Send("h-1", "M", b"x"), thing])
@@ -120,7 +117,6 @@ def test_a_subclass_of_an_operation_is_not_an_operation():
         "text",
         7,
     ],
-    ids=repr,
 )
 def test_a_body_that_is_not_bytes_is_an_invalid_argument(body):
     with pytest.raises(InvalidArgument, match="bodies must be bytes"):
