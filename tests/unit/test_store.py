@@ -284,9 +284,9 @@ def test_a_store_written_before_the_sequence_table_keeps_its_endpoints_numbers(p
 def test_an_endpoint_an_earlier_raybroker_wrote_gets_its_numbers_on_the_next_open(path):
     s = Store(path)
     s.upsert_endpoints([_endpoint_row(1)])
+    row = _endpoint_row(2)
     s.db.execute(  # as an earlier version writes one: the endpoints table alone
-        f"INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES ({', '.join('?' * 15)})",
-        _endpoint_row(2),
+        f"INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES ({', '.join('?' * len(row))})", row
     )
     s.close()
     s = Store(path)
