@@ -24,6 +24,7 @@ LINES = 3  # Order messages per order (its lines), one dialog per order
 
 def run(orders: int = 2000, path: str | None = None, progress: Any = print) -> int:
     from spark_bridge import AuditCursor, ingest, reconcile, spark_session
+    from spark_bridge.session import short_jobs_configs
     from topologies.deploy import deploy
     from topologies.loader import load
 
@@ -35,7 +36,7 @@ def run(orders: int = 2000, path: str | None = None, progress: Any = print) -> i
         d = deploy(topology, data, progress=lambda s: progress(f"  {s}"))
         try:
             progress("starting Spark on Ray (RayDP)")
-            with spark_session() as spark:
+            with spark_session(configs=short_jobs_configs()) as spark:
                 df = _orders(spark, orders)
                 rows = orders * LINES
                 progress(f"ingesting {orders:,} orders ({rows:,} lines) through the routers")

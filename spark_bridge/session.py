@@ -29,6 +29,16 @@ _OPENED = (
     "sun.util.calendar",
 )
 JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENED)
+_JVMS = ("driver", "executor", "ray.raydp_app_master")  # Spark's driver, executors, RayDP's master
+
+
+def short_jobs_configs() -> dict[str, str]:
+    """Settings for a session of short jobs on small frames (the demo, the tests): the JVMs
+    compile with the JIT's first tier only and collect with one GC thread, which costs such jobs
+    about a quarter less CPU (measured over the Spark bridge's tests: 343 -> 249 CPU seconds).
+    Long ingests of millions of rows want the default: the second tier's faster code."""
+    options = f"{JAVA_OPTIONS} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    return {f"spark.{jvm}.extraJavaOptions": options for jvm in _JVMS}
 
 
 def spark_configs(
@@ -42,9 +52,7 @@ def spark_configs(
     took 91 s with them, about 39 s without)."""
     conf = {
         "spark.sql.shuffle.partitions": str(2 * cores),
-        "spark.driver.extraJavaOptions": JAVA_OPTIONS,
-        "spark.executor.extraJavaOptions": JAVA_OPTIONS,
-        "spark.ray.raydp_app_master.extraJavaOptions": JAVA_OPTIONS,
+        **{f"spark.{jvm}.extraJavaOptions": JAVA_OPTIONS for jvm in _JVMS},
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(executor_cpus),
         "spark.sql.execution.arrow.pyspark.enabled": "true",

@@ -16,6 +16,8 @@ OWN_CLUSTER = (
     "tests/integration/test_ray_up.py::",
     "tests/integration/test_multinode.py::",
     "tests/integration/test_verify.py::test_every_fault_kind_on_a_short_schedule",
+    "tests/integration/test_cli.py::test_the_demo_routes",
+    "tests/integration/test_mirror.py::test_bench_mirror_writes",
 )
 
 

@@ -63,6 +63,14 @@ def test_the_session_cuts_shuffles_into_two_partitions_per_executor_core(spark):
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
 
 
+def test_a_short_jobs_session_keeps_the_module_openings_beside_its_jit_and_gc_options(spark):
+    # the session fixture's settings (short_jobs_configs), as every JVM of the session got them
+    for jvm in ("driver", "executor", "ray.raydp_app_master"):
+        options = spark.conf.get(f"spark.{jvm}.extraJavaOptions").split()
+        assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in options, jvm
+        assert {"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"} <= set(options), jvm
+
+
 def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_broker):
     df = orders_frame(spark, 3000, 40)
 
