@@ -10,14 +10,17 @@ settings.register_profile("raybroker", deadline=None, suppress_health_check=[Hea
 settings.load_profile("raybroker")
 
 INTEGRATION = "tests/integration/"  # node ids start with the path from the root
-# integration tests that start a Ray cluster of their own, in a subprocess or a namespace: they
-# run in the unit tests' worker, beside the tests on the session's Ray
+# integration tests that start a Ray cluster of their own, in a subprocess or a namespace (a
+# command run as a user runs it, a cluster of several nodes): they run in the unit tests' worker,
+# beside the tests on the session's Ray
 OWN_CLUSTER = (
     "tests/integration/test_ray_up.py::",
     "tests/integration/test_multinode.py::",
     "tests/integration/test_verify.py::test_every_fault_kind_on_a_short_schedule",
     "tests/integration/test_cli.py::test_the_demo_routes",
+    "tests/integration/test_cli.py::test_bench_ddr_measures",
     "tests/integration/test_mirror.py::test_bench_mirror_writes",
+    "tests/integration/test_bench_peers.py::test_every_system_runs_every_workload",
 )
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,24 @@ from actors import (
 from actors.remote.runtime import ensure_ray
 
 os.environ.setdefault("RAYBROKER_QUIET", "1")  # actor logs stay in Ray's log files
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def in_own_process(
+    args: Sequence[str], timeout: float, quiet: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` from the project's root in a process of its own, which starts a Ray of its
+    own (the session's address is not passed on): a command as a user runs it, or a cluster of
+    its own. `quiet`: the Ray workers' logs stay off its output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if quiet:
+        env["RAYBROKER_QUIET"] = "1"
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")

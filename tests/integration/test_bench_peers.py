@@ -15,7 +15,8 @@ import pytest
 from actors.bench.peers import servers
 from actors.bench.peers.run import SYSTEMS, run
 from actors.bench.report import Load
-from actors.cli import main
+
+from .conftest import in_own_process
 
 VARIANTS = ("bulk-one-conversation", "bulk-spread", "many-clients", "paced")
 FIELDS = {
@@ -57,10 +58,14 @@ def assert_skipped(row: dict) -> None:
 
 
 @pytest.mark.slow
-def test_every_system_runs_every_workload_once_in_order(ray_session, tmp_path, capsys):
+def test_every_system_runs_every_workload_once_in_order(tmp_path):
+    # the command as a user runs it, with its own embedded Ray: a process of its own, so it can
+    # run in the second pytest worker (tests/conftest.py), beside the tests on the session's Ray
     before = harness_servers()
     path = tmp_path / "peers.json"
-    assert main(["bench", "peers", "--messages", "2000", "--json", str(path)]) == 0
+    args = ["-m", "actors.cli", "bench", "peers", "--messages", "2000", "--json", str(path)]
+    done = in_own_process(args, timeout=600)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     report = json.loads(path.read_text())
     assert report["scenario"] == "peers"
     assert report["params"]["workloads"] == {
@@ -87,7 +92,7 @@ def test_every_system_runs_every_workload_once_in_order(ray_session, tmp_path, c
     measured = [s for s in SYSTEMS if s != "raybroker" and rows[(s, "paced")]["p50_ms"]]
     for peer in measured:  # raybroker's rows compare with every peer measured beside it
         assert f"x {peer}" in rows[("raybroker", "paced")]["notes"]
-    out = capsys.readouterr().out
+    out = done.stdout
     assert "raybroker: bulk-spread: 2,000 messages" in out and "msg/s" in out  # progress, table
     assert harness_servers() <= before  # the servers it started are stopped
 

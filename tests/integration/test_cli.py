@@ -1,32 +1,23 @@
-"""The command line's main jobs: the demo as a newcomer runs it (a process of its own, with its
-own embedded Ray and Spark), the others in-process on the session's Ray."""
+"""The command line's main jobs. The demo and the data-dependent routing bench run as a user runs
+them, in a process of their own with their own embedded Ray (so in the second pytest worker:
+tests/conftest.py); the others in-process on the session's Ray."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from actors.cli import main
 
+from .conftest import in_own_process
 from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these keys
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order():
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "demo", "--orders", "200"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = in_own_process(["-m", "actors.cli", "demo", "--orders", "200"], timeout=600)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     out = done.stdout
@@ -60,9 +51,10 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path):
+def test_bench_ddr_measures_routers_beside_direct(tmp_path):
     path = tmp_path / "ddr.json"
-    assert main(["bench", "ddr", "--quick", "--json", str(path)]) == 0
+    done = in_own_process(["-m", "actors.cli", "bench", "ddr", "--quick", "--json", str(path)], 300)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     report = json.loads(path.read_text())
     assert report["scenario"] == "ddr"
     variants = [r["variant"] for r in report["rows"] if r["system"] == "raybroker"]

@@ -9,14 +9,16 @@ import json
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import ray
 
-from actors import Activation, Begin, Contract, MessageType, Queue, Send, Service
+from actors import Activation, Begin, Contract, MessageType, Queue, Send, Service, start_broker
 from actors.catalog import END_DIALOG, ERROR, REDIRECT
 from actors.ddr import RouterConfig, begin_redirected
 from actors.errors import InvalidDefinition
+from actors.remote.client import Broker
 from actors.remote.routers import ROUTER_QUEUE, RouterSet
 
 from .conftest import wait_until
@@ -38,20 +40,33 @@ def define_sales(b, *, target: str | None = None) -> None:
         b.create(Service(target, f"{target}Q", ["Sales"]))
 
 
+@pytest.fixture(scope="module")
+def regions(ray_session, tmp_path_factory) -> Iterator[dict[str, Broker]]:
+    """The 4 regional targets, started once for the module's tests (4 broker starts per test
+    were most of each test's setup). Each test brings its own shops and router set, and reads a
+    target's views only about its own dialogs."""
+    folder = tmp_path_factory.mktemp("regions")
+    tag = uuid.uuid4().hex[:6]
+    targets = {}
+    for r in REGIONS:
+        b = start_broker(f"sales{r}-{tag}", str(folder / f"sales{r}.sqlite"))
+        define_sales(b, target=f"Sales{r}")
+        targets[f"Sales{r}"] = b
+    yield targets
+    for b in targets.values():
+        b.stop()
+
+
 @pytest.fixture
-def sales(make_broker, tmp_path, request):
-    """One initiator (or as many as the test's indirect parameter says), 4 regional targets; the
-    router set is the test's to start."""
+def sales(make_broker, regions, tmp_path, request):
+    """One initiator (or as many as the test's indirect parameter says), the 4 regional targets;
+    the router set is the test's to start."""
     tag = uuid.uuid4().hex[:6]
     shops = getattr(request, "param", 1)
     initiators = [make_broker(name=f"shop{i}-{tag}") for i in range(shops)]
     for b in initiators:
         define_sales(b)
-    targets = {}
-    for r in REGIONS:
-        b = make_broker(name=f"sales{r}-{tag}")
-        define_sales(b, target=f"Sales{r}")
-        targets[f"Sales{r}"] = b
+    targets = dict(regions)
     sets: list[RouterSet] = []
 
     def router_set(mode: str = "forward", replicas: int = 3, **kw) -> RouterSet:
@@ -136,9 +151,15 @@ def test_hundreds_of_orders_reach_their_regions_and_every_reply_returns_in_order
         )
 
 
+def from_replicas(target: Broker, rs: RouterSet) -> list[dict]:
+    """The target's endpoints of dialogs that router set's replicas began."""
+    ids = {b.info()["broker_id"] for b in rs.replicas.values()}
+    return [e for e in target.endpoints() if not e["is_initiator"] and e["far_broker"] in ids]
+
+
 def test_an_end_and_an_error_pass_through_the_router_both_ways(sales):
     initiators, targets, router_set = sales
-    router_set(replicas=1)
+    rs = router_set(replicas=1)
     shop = initiators[0]
     eu, us = targets["SalesEU"], targets["SalesUS"]
     (h_end,) = place_orders(shop, 1, lines=1)  # EU
@@ -147,13 +168,10 @@ def test_an_end_and_an_error_pass_through_the_router_both_ways(sales):
 
     shop.end_conversation(h_end)  # the initiator ends: the router ends the dialog to SalesEU
     wait_until(
-        lambda: (
-            [e["state"] for e in eu.endpoints() if not e["is_initiator"]]
-            == ["DISCONNECTED_INBOUND"]
-        ),
+        lambda: [e["state"] for e in from_replicas(eu, rs)] == ["DISCONNECTED_INBOUND"],
         what="the end to reach SalesEU",
     )
-    (target,) = [e["conversation_handle"] for e in us.endpoints() if not e["is_initiator"]]
+    (target,) = [e["conversation_handle"] for e in from_replicas(us, rs)]
     us.end_conversation(target, error=4711, description="out of stock")  # the target fails
 
     def error_back():
@@ -181,8 +199,12 @@ def test_redirect_mode_names_the_service_and_the_initiator_talks_to_it_directly(
     assert service == "SalesAPAC"
     (reply,) = collect(shop, 1, {})[handle]
     assert json.loads(reply.body)["region"] == "APAC"
-    apac = targets["SalesAPAC"].endpoints()
-    assert {e["far_service"] for e in apac} == {"Store"}  # the target talks to the shop itself
+    apac = targets["SalesAPAC"]
+    conversation = {e["conversation_handle"]: e["conversation_id"] for e in shop.endpoints()}
+    [direct] = [e for e in apac.endpoints() if e["conversation_id"] == conversation[handle]]
+    assert direct["far_service"] == "Store"  # the target talks to the shop itself
+    assert direct["far_broker"] == shop.info()["broker_id"]
+    assert from_replicas(apac, rs) == []  # and no replica began a dialog with it
     assert all(v["mappings"] == [] for v in rs.view().values())
 
 

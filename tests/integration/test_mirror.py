@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -37,21 +34,14 @@ from actors.remote.mirrored import (
     stop_mirrored_broker,
 )
 
-from .conftest import wait_until
+from .conftest import in_own_process, wait_until
 
 SCRIPT = Path(__file__).with_name("mirror_check.py")
-ROOT = SCRIPT.parents[2]
 
 
 @pytest.mark.slow
 def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_lost():
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
-    env["RAYBROKER_QUIET"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=400,
-    )  # fmt: skip
+    run = in_own_process([str(SCRIPT)], timeout=400, quiet=True)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
     r = json.loads(lines[-1].removeprefix("RESULT "))
@@ -217,13 +207,9 @@ def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_
 @pytest.mark.slow
 def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp_path):
     # its own three-node cluster, so in a process of its own (this one has the session's Ray)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     path = tmp_path / "mirror.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "bench", "mirror", "--quick", "--json", str(path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+    args = ["-m", "actors.cli", "bench", "mirror", "--quick", "--json", str(path)]
+    run = in_own_process(args, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(path.read_text())
     assert report["scenario"] == "mirror"

@@ -9,29 +9,18 @@ prints one `RESULT {json}` line, checked here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from .conftest import in_own_process
+
 SCRIPT = Path(__file__).with_name("multinode_check.py")
-ROOT = SCRIPT.parents[2]
 
 
 @pytest.mark.slow
 def test_brokers_follow_their_placement_and_survive_the_loss_of_their_node():
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
-    env["RAYBROKER_QUIET"] = "1"
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = in_own_process([str(SCRIPT)], timeout=300, quiet=True)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
     r = json.loads(lines[-1].removeprefix("RESULT "))

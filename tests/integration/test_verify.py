@@ -8,10 +8,6 @@ from this process (which has the session's Ray) handing itself to one."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,27 +16,15 @@ from actors.verify.run import run
 from actors.verify.schedule import KINDS
 from actors.verify.topology import PATHS
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import in_own_process
 
 pytestmark = pytest.mark.slow
-
-
-def quiet_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
-    return env | {"RAYBROKER_QUIET": "1"}
 
 
 def test_every_fault_kind_on_a_short_schedule_loses_doubles_and_reorders_nothing(tmp_path):
     path = tmp_path / "verify.json"
     args = ["--messages", "1200", "--seed", "4", "--timeout", "420", "--json", str(path)]
-    done = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "verify", *args],
-        cwd=ROOT,
-        env=quiet_env(),
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    done = in_own_process(["-m", "actors.cli", "verify", *args], timeout=540, quiet=True)
     assert path.exists(), f"no report (exit {done.returncode}):\n{done.stdout[-4000:]}"
     r = json.loads(path.read_text())
     assert r["failures"] == [] and r["passed"] and done.returncode == 0, r
