@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 
@@ -40,21 +37,3 @@ class InProcessPeers:
             raise PeerUnreachable.not_running(broker)
         net.calls.append((self.caller, broker))
         return await net.couriers[broker].deliver(blob)
-
-
-def poll(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Call `check` until it returns something truthy (returned); fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-    return value
-
-
-async def apoll(check: Callable[[], Any], what: str, timeout: float = 5.0) -> Any:
-    """`poll` for coroutines: yields to the event loop between checks."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-    return value

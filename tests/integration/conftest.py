@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -106,20 +105,6 @@ def define_orders(b: BrokerHandle, poison_limit: int = 5, retention: bool = Fals
     b.create(Queue("FulfilmentQueue", poison_limit=poison_limit, retention=retention))
     b.create(Service("Orders", "OrdersQueue"))
     b.create(Service("Fulfilment", "FulfilmentQueue", ["OrderContract"]))
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
 
 
 @pytest.fixture(scope="session")

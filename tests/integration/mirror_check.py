@@ -34,10 +34,7 @@ from collections import Counter
 from typing import Any
 
 import ray
-
-# run as a script from tests/integration: the suite's helpers and the multi-node reader
-from conftest import wait_until  # noqa: E402
-from multinode_check import Reader, counted  # noqa: E402
+from multinode_check import Reader, counted  # a script beside this one (run from its folder)
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -50,6 +47,7 @@ from actors.remote.mirrored import (
     mirror_status,
     start_mirrored_broker,
 )
+from tests.polling import wait_until  # the project's root is on the path (in_own_process)
 
 DIALOGS = 20
 ROUNDS = 40

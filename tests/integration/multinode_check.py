@@ -29,14 +29,12 @@ from collections import Counter
 from typing import Any
 
 import ray
-
-# run as a script from tests/integration: the suite's own poll-with-a-deadline helper
-from conftest import wait_until  # noqa: E402
 from ray.cluster_utils import Cluster
 
 from actors import Begin, Send
 from actors.errors import BrokerUnavailable, LockNotHeld
 from actors.remote.client import connect
+from tests.polling import wait_until  # run as a script, the project's root on the path
 from topologies.deploy import deploy
 from topologies.loader import load
 

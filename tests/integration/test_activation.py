@@ -11,9 +11,9 @@ import ray
 from actors import Begin, Queue, Send, Service
 from actors.catalog import Activation
 from actors.errors import InvalidDefinition
+from tests.polling import wait_until
 
 from .activation_handlers import RECORDER, RECORDER_NAMESPACE, Recorder
-from .conftest import wait_until
 
 COUNT = "actors.handlers:count_in_order"
 SLOW_COUNT = "actors.handlers:slow_count"

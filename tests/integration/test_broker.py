@@ -44,8 +44,9 @@ from actors.errors import (
     UnknownService,
     ValidationFailed,
 )
+from tests.polling import wait_until
 
-from .conftest import define_orders, on_both, wait_until
+from .conftest import define_orders, on_both
 
 
 def order(n: int) -> bytes:

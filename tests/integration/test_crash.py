@@ -11,8 +11,7 @@ import ray
 
 from actors import Begin, Queue, Send, Service
 from actors.errors import BrokerUnavailable, LockNotHeld
-
-from .conftest import wait_until
+from tests.polling import wait_until
 
 DIALOGS = 100
 PER_DIALOG = 100  # 10,000 messages

@@ -20,8 +20,7 @@ from actors.ddr import RouterConfig, begin_redirected
 from actors.errors import InvalidDefinition
 from actors.remote.client import Broker
 from actors.remote.routers import ROUTER_QUEUE, RouterSet
-
-from .conftest import wait_until
+from tests.polling import wait_until
 
 REGIONS = ("EU", "US", "APAC", "LATAM")
 REPLY = "tests.integration.activation_handlers:reply_to_orders"

@@ -10,7 +10,7 @@ import ray
 
 from actors import Begin, Queue, Send, Service
 from actors.errors import UnknownMessageType
-from tests.fakes import apoll
+from tests.polling import apoll
 
 
 def _dialogs(broker, n: int) -> list[str]:

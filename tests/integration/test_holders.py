@@ -12,8 +12,7 @@ import pytest
 import ray
 
 from actors import Broker, Contract, MessageType, Queue, Send, Service
-
-from .conftest import wait_until
+from tests.polling import wait_until
 
 LEASE = 600.0  # far beyond every deadline below: only the holder's death can release the locks
 DEADLINE = 20.0

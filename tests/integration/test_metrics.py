@@ -10,8 +10,7 @@ import pytest
 import ray
 
 from actors import Begin, Queue, Send, Service
-
-from .conftest import wait_until
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -33,8 +33,9 @@ from actors.remote.mirrored import (
     start_mirrored_broker,
     stop_mirrored_broker,
 )
+from tests.polling import wait_until
 
-from .conftest import in_own_process, wait_until
+from .conftest import in_own_process
 
 SCRIPT = Path(__file__).with_name("mirror_check.py")
 

@@ -12,8 +12,7 @@ import ray
 
 from actors import Begin, End, Queue, Send, Service
 from actors.errors import AlreadyExists, InvalidArgument
-
-from .conftest import wait_until
+from tests.polling import wait_until
 
 
 @pytest.fixture

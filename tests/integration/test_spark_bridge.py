@@ -16,8 +16,9 @@ from actors import IngestError
 from actors.errors import UnknownMessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
 from spark_bridge.plan import dialog_id
+from tests.polling import wait_until
 
-from .conftest import define_orders, wait_until
+from .conftest import define_orders
 
 pytestmark = pytest.mark.slow
 

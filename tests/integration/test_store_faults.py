@@ -15,8 +15,9 @@ import ray
 
 from actors import Broker, Send, start_broker
 from actors.errors import BrokerUnavailable, StoreError, StoreInUse
+from tests.polling import wait_until
 
-from .conftest import define_orders, wait_until
+from .conftest import define_orders
 
 
 def _name(prefix: str) -> str:

@@ -10,11 +10,10 @@ import pytest
 import yaml
 
 from actors import Begin, Send
+from tests.polling import wait_until
 from topologies.commands import status_of
 from topologies.deploy import deploy, plan, teardown
 from topologies.loader import load
-
-from .conftest import wait_until
 
 pytestmark = pytest.mark.slow
 

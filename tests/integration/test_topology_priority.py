@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 from actors import Begin, Send
+from tests.polling import wait_until
 from topologies.deploy import deploy
 from topologies.loader import load
-
-from .conftest import wait_until
 
 
 def processed(broker, queue: str) -> int:

@@ -11,10 +11,9 @@ import json
 import pytest
 
 from actors import Begin, Send
+from tests.polling import wait_until
 from topologies.deploy import deploy
 from topologies.loader import load
-
-from .conftest import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from actors.coalesce import Coalescer, _Waiter
 from actors.errors import InvalidArgument
-from tests.fakes import apoll
+from tests.polling import apoll
 
 
 class Broker:

@@ -14,7 +14,7 @@ from actors.ddr import RouterConfig, router_contracts
 from actors.ddr.classifiers import field, hash_partition
 from actors.ddr.router import ROUTING_FAILED
 from actors.errors import InvalidDefinition
-from tests.fakes import poll
+from tests.polling import wait_until
 
 REGIONS = ("EU", "US", "APAC", "LATAM")
 HANDLER = "actors.ddr.router:route_messages"
@@ -72,7 +72,7 @@ def take(b, queue: str, n: int) -> list:
             b.commit(g)
         return len(got) >= n
 
-    poll(enough)
+    wait_until(enough)
     return got
 
 
@@ -117,7 +117,7 @@ def test_an_end_from_the_initiator_ends_the_outbound_dialog_and_the_mapping_goes
 
     (end,) = take(broker, "USQ", 1)
     assert (end.message_type, end.conversation_handle) == (END_DIALOG, m.conversation_handle)
-    poll(lambda: broker.router("RouterQ", "SalesRouter")["mappings"] == [])
+    wait_until(lambda: broker.router("RouterQ", "SalesRouter")["mappings"] == [])
 
 
 def test_an_end_from_the_target_reaches_the_initiator(broker):
@@ -131,7 +131,7 @@ def test_an_end_from_the_target_reaches_the_initiator(broker):
         (h, "Reply"),
         (h, END_DIALOG),
     ]
-    poll(lambda: broker.router("RouterQ", "SalesRouter")["mappings"] == [])
+    wait_until(lambda: broker.router("RouterQ", "SalesRouter")["mappings"] == [])
 
 
 def test_an_error_from_the_target_is_wrapped_and_passed_to_the_initiator(broker):

@@ -25,7 +25,7 @@ from actors import (
 )
 from actors.audit import read_all
 from actors.errors import BrokerError, UnknownQueue
-from tests.fakes import poll
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_an_activated_queue_runs_its_readers_in_process_whatever_the_placement(b
         states = [json.loads(g["state"]) for g in broker.groups("Q") if g["state"]]
         return sum(s["count"] for s in states) == 20
 
-    poll(counted)
+    wait_until(counted)
     assert broker.queues()["Q"]["depth"] == 0
 
 

@@ -5,7 +5,7 @@ collecting sink; no Ray."""
 from __future__ import annotations
 
 from actors import Begin, LocalBroker, Queue, Send, Service
-from tests.fakes import poll
+from tests.polling import wait_until
 
 
 class Collected:
@@ -24,7 +24,7 @@ class Collected:
 
 def latest(sink: Collected, check) -> dict:
     """The newest snapshot once one satisfies `check` (polled with a deadline)."""
-    return poll(lambda: sink.snapshots and check(sink.snapshots[-1]) and sink.snapshots[-1])
+    return wait_until(lambda: sink.snapshots and check(sink.snapshots[-1]) and sink.snapshots[-1])
 
 
 def test_the_sink_sees_counts_depths_and_call_times():

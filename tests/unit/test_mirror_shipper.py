@@ -15,7 +15,8 @@ from actors.mirroring import replay, roles
 from actors.mirroring.capture import attach
 from actors.mirroring.shipper import Shipper
 from actors.store import Store
-from tests.fakes import FakeClock, apoll
+from tests.fakes import FakeClock
+from tests.polling import apoll
 from tests.unit.conftest import define_core_catalog, open_core_dialog
 from tests.unit.test_mirror_log import dump
 

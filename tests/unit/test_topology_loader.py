@@ -14,7 +14,7 @@ from actors import LocalBroker, Send
 from actors.catalog import Queue, Service
 from actors.errors import TopologyError
 from actors.routing import Route, balance, target_hazards
-from tests.fakes import poll
+from tests.polling import wait_until
 from topologies.loader import load, parse, unsatisfiable
 
 
@@ -169,7 +169,7 @@ def test_a_regional_sales_broker_replies_in_kind(tmp_path):
                 b.commit(g)
             return len(replies) >= 2
 
-        poll(two_replies)
+        wait_until(two_replies)
         assert replies == [
             ("Reply", b'{"region": "EU", "n": 1}'),
             ("Reply", b'{"region": "EU", "n": 2}'),

@@ -18,7 +18,7 @@ from actors.verify.malformed import EXPECTED, Malformed
 from actors.verify.report import build, failures, handlers_seen, table
 from actors.verify.topology import CONTRACT, HANDLER, MAX_BODY, PATHS, REPLY, REQUEST
 from actors.verify.workload import Collector, Gates, Sender, begin_streams
-from tests.fakes import poll
+from tests.polling import wait_until
 
 
 def history(streams: dict[str, int]) -> tuple[list[Sent], list[Reply]]:
@@ -210,7 +210,7 @@ def test_every_malformed_kind_is_refused_with_its_error_and_the_dialog_goes_on(s
     assert bad.report()["refused"] == 3 * len(EXPECTED)
     assert shop.queues()["DirectQ"]["depth"] == 0  # the mixed batches delivered nothing
     shop.apply(good)  # the dialog is still usable
-    [reply] = poll(lambda: shop.receive("ShopQ", wait=0.5))
+    [reply] = wait_until(lambda: shop.receive("ShopQ", wait=0.5))
     assert [m.body for m in reply.messages] == [b'{"id": "d/0:0"}']
 
 
@@ -240,7 +240,7 @@ def test_the_workload_on_a_local_broker_checks_clean_and_waits_at_its_gates(shop
         assert gates.arrived[1].wait(30)
         gates.released[1].set()
         sender.join(30)
-        poll(lambda: h.unconfirmed() == 0 and len(h.sent) == 400, timeout=30)
+        wait_until(lambda: h.unconfirmed() == 0 and len(h.sent) == 400, timeout=30)
         assert h.recovered_at(marks) is not None
     finally:
         sender.stop.set()
