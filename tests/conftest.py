@@ -16,10 +16,11 @@ INTEGRATION = "tests/integration/"  # node ids start with the path from the root
 OWN_CLUSTER = (
     "tests/integration/test_ray_up.py::",
     "tests/integration/test_multinode.py::",
-    "tests/integration/test_verify.py::test_every_fault_kind_on_a_short_schedule",
+    "tests/integration/test_verify.py::",
     "tests/integration/test_cli.py::test_the_demo_routes",
     "tests/integration/test_cli.py::test_bench_ddr_measures",
     "tests/integration/test_mirror.py::test_bench_mirror_writes",
+    "tests/integration/test_mirror.py::test_a_mirrored_broker_loses_its_principals_node",
     "tests/integration/test_bench_peers.py::test_every_system_runs_every_workload",
 )
 

@@ -2,8 +2,8 @@
 schedule with nothing lost, doubled or out of order; and the checker catching a loss, a double
 and an inversion injected on purpose, each named by id and conversation.
 
-verify starts a Ray cluster of its own, so it runs in a subprocess: the CLI directly, or `run`
-from this process (which has the session's Ray) handing itself to one."""
+verify starts a Ray cluster of its own, so it runs in a subprocess, as the command a user runs
+(both tests run in the pytest worker beside the tests on the session's Ray)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import json
 import pytest
 
 from actors.verify.command import Options
-from actors.verify.run import run
 from actors.verify.schedule import KINDS
 from actors.verify.topology import PATHS
 
@@ -51,7 +50,7 @@ def test_every_fault_kind_on_a_short_schedule_loses_doubles_and_reorders_nothing
     assert "every message once, in order" in done.stdout
 
 
-def test_verify_reports_each_deliberate_loss_double_and_inversion_by_id(ray_session, tmp_path):
+def test_verify_reports_each_deliberate_loss_double_and_inversion_by_id(tmp_path):
     path = tmp_path / "inject.json"
     options = Options(
         messages=300,
@@ -61,7 +60,8 @@ def test_verify_reports_each_deliberate_loss_double_and_inversion_by_id(ray_sess
         spark=False,
         inject=("lose", "double", "invert"),
     ).check()
-    assert run(options) == 1  # this process has Ray: verify ran in a process of its own
+    done = in_own_process(["-m", "actors.cli", "verify", *options.argv()], timeout=300, quiet=True)
+    assert done.returncode == 1, done.stdout[-4000:]  # the checker failed the run
 
     r = json.loads(path.read_text())
     assert (r["lost"], r["doubled"], r["out_of_order"], r["unexpected"]) == (1, 1, 1, 0)
