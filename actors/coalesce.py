@@ -18,7 +18,8 @@ waiting on a queue in the same turn of its event loop share one, which carries w
 them would take. The broker takes for them there and then, in order, as soon as there is
 something to take, so a waiting receive gets its messages in the round trip that brought the
 news. One that got nothing (others took what came) waits on in the next call. A receive whose
-caller left before its taken messages came back hands them back (`abandon` rolls them back).
+caller left before its taken messages came back hands them back (`abandon`: the broker returns
+them to the queue without counting a rollback toward poison; nobody tried to process them).
 
 A receive's arguments name its lock holder: (holder id, a handle the broker watches it by). In a
 batch (or a shared wait) the handle goes once per holder; later receives of the same holder carry

@@ -61,7 +61,7 @@ CLIENT_VERBS = frozenset(
     {
         "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
         "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
-        "view", "info", "wait_take",
+        "view", "info", "wait_take", "give_back",
     }
 )  # fmt: skip
 
@@ -475,6 +475,11 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
 
     async def move_conversation(self, handle: str, group_id: str) -> None:
         self.core.move_conversation(handle, group_id)
+
+    async def give_back(self, lock_ids: list[str]) -> int:
+        """What a waiting receive took for a caller that had stopped waiting, returned to the
+        queue without counting toward poison (the client's coalescer calls it)."""
+        return self.core.give_back(checks.items("lock ids", lock_ids))
 
     # --- fault injection -------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class BrokerCore:
             r.settle,
         )
         self.move_conversation, self.release_owner = r.move_conversation, r.release_owner
+        self.give_back = r.give_back
         self.tick = self.timers.tick
         # Fixed for the broker's life: its id, catalog and lock table.
         self.broker_id: str = self.state.broker_id

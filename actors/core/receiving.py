@@ -284,6 +284,18 @@ class Receiving(Part):
 
         self.uow.run(fn)
 
+    def give_back(self, lock_ids: Sequence[str]) -> int:
+        """Return what a waiting receive took for a caller that had stopped waiting (its wait
+        ran out as the messages came; see actors.coalesce). The messages go back to their queue
+        as a rollback's do, but nobody tried to process them, so it does not count toward
+        poison. Locks no longer held (expired, settled) are passed over. Returns how many."""
+        locks = [self.state.locks.get(lid) for lid in lock_ids if isinstance(lid, str)]
+        held = [lk for lk in locks if lk is not None and not lk.settled]
+        if held:
+            self.state.counts.rolled_back += sum(lk.count for lk in held)
+            self._release(held, committed=False)
+        return len(held)
+
     def release_owner(self, owner: str) -> int:
         """The holder `owner` died: roll back every lock it held. Returns how many."""
         locks = self.state.locks.held_by(owner)

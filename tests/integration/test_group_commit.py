@@ -5,11 +5,13 @@ none twice. A real Ray broker on a real SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import ray
 
 from actors import Begin, Queue, Send, Service
 from actors.errors import UnknownMessageType
+from actors.remote.client import _call_loop
 from tests.polling import apoll
 
 
@@ -55,6 +57,59 @@ def test_concurrent_small_callers_share_calls_and_one_with_bad_input_fails_alone
         f"{i}".encode() for i in range(100) if i != 42
     )
     assert broker.apply([Send(handles[42], "DEFAULT", [b"again"])])  # its dialog carries on
+
+
+def test_threads_sharing_a_sync_handle_share_calls_and_one_with_bad_input_fails_alone(
+    make_broker,
+):
+    broker = make_broker()
+    handles = _dialogs(broker, 100)
+    start = threading.Barrier(len(handles) + 10)
+    answers: dict[int, object] = {}
+    received: list[bytes] = []
+    sent_all = threading.Event()
+
+    def client(i: int, h: str) -> None:
+        start.wait()
+        try:
+            answers[i] = broker.apply(
+                [Send(h, "NoSuchType" if i == 42 else "DEFAULT", [b"%d" % i])]
+            )
+        except Exception as exc:  # noqa: BLE001 - the answer under test
+            answers[i] = exc
+
+    def reader() -> None:  # short waits, so some end as messages come (given back, not poison)
+        start.wait()
+        groups: list = []
+        while groups or not sent_all.is_set() or broker.queues()["TargetQueue"]["depth"]:
+            groups = broker.receive("TargetQueue", wait=0.05, commit=groups, max_groups=5)
+            received.extend(m.body for g in groups for m in g.messages)
+
+    batches_before = _sync_batches(broker)
+    threads = [threading.Thread(target=client, args=(i, h)) for i, h in enumerate(handles)]
+    readers = [threading.Thread(target=reader) for _ in range(10)]
+    for t in threads + readers:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    sent_all.set()
+    for t in readers:
+        t.join(timeout=120)
+
+    failed = {i: a for i, a in answers.items() if isinstance(a, Exception)}
+    assert len(answers) == 100 and list(failed) == [42], failed
+    assert isinstance(failed[42], UnknownMessageType)
+    # 100 applies and the readers' receives went as a few actor calls, not one each
+    assert 0 < _sync_batches(broker) - batches_before < len(handles) / 2
+    assert sorted(received) == sorted(b"%d" % i for i in range(100) if i != 42)  # each once
+    queue = broker.queues()["TargetQueue"]
+    assert queue["enabled"] and queue["rollbacks_in_a_row"] == 0, queue
+
+
+def _sync_batches(broker) -> int:
+    """Batches the sync handle's coalescer (on this process's call loop) has sent."""
+    coalescer = broker.aio._coalescers.get(_call_loop())
+    return 0 if coalescer is None else coalescer.batches
 
 
 def test_waiting_async_receives_get_what_arrives_in_the_round_trip_that_brings_it(make_broker):

@@ -364,6 +364,21 @@ def test_poison_limit_rollbacks_in_a_row_disable_the_queue(core, open_dialog):
     assert [(e["kind"], e["subject"]) for e in core.events_view()] == [("QueueDisabled", "PoisonQ")]
 
 
+def test_messages_given_back_return_to_the_queue_without_counting_toward_poison(core, open_dialog):
+    open_dialog(core, to="Poison", bodies=[b"m"])
+    for _ in range(5):  # PoisonQ's limit is 3: rollbacks this many times would disable it
+        (got,) = core.receive("PoisonQ")
+        assert core.give_back([got.lock_id]) == 1
+
+    assert core.queues_view()["PoisonQ"]["enabled"] is True
+    assert core.queues_view()["PoisonQ"]["rollbacks_in_a_row"] == 0
+    (got,) = core.receive("PoisonQ")
+    assert bodies(got) == [b"m"]  # the same message, waiting again
+    core.settle(commit=[got.lock_id])
+    # a lock no longer held (committed, or never handed out) is passed over, not an error
+    assert core.give_back([got.lock_id, "no-such-lock", 7]) == 0
+
+
 def test_a_commit_between_rollbacks_resets_the_poison_count(core, open_dialog):
     d = open_dialog(core, to="Poison", bodies=[b"bad"])
     _receive_and_roll_back(core, "PoisonQ", 2)
