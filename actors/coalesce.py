@@ -60,10 +60,13 @@ WATCH_MAX_S = 1.0  # one wait_take call waits at most this long (then its waiter
 
 
 class _Queued:
-    __slots__ = ("call", "size", "future")
+    __slots__ = ("call", "size", "future", "empty")
 
-    def __init__(self, call: Call, size: int, future: asyncio.Future) -> None:
+    def __init__(
+        self, call: Call, size: int, future: asyncio.Future, empty: Callable[[Any], bool] | None
+    ) -> None:
         self.call, self.size, self.future = call, size, future
+        self.empty = empty  # a receive's: whether its answer took nothing (else None)
 
 
 class Coalescer:
@@ -85,11 +88,15 @@ class Coalescer:
         self._watches: dict[str, _Watch] = {}
         self.batches = 0  # batches sent (for tests and tuning)
 
-    async def call(self, method: str, args: tuple[Any, ...]) -> Any:
-        """Send `method(*args)` with whatever else is being called; its own result or error."""
+    async def call(
+        self, method: str, args: tuple[Any, ...], empty: Callable[[Any], bool] | None = None
+    ) -> Any:
+        """Send `method(*args)` with whatever else is being called; its own result or error.
+        `empty` (a receive's): what a receive whose caller left after it went took is given
+        back."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.append(_Queued((method, args), _size(args), future))
+        self._queue.append(_Queued((method, args), _size(args), future, empty))
         self._schedule(loop)
         return await future  # cancelled before it went: dropped from its batch (see _take)
 
@@ -99,7 +106,7 @@ class Coalescer:
         """A receive: `args` as the broker's receive takes them (queue, wait, options, owner,
         settle, reader); waits up to `wait` seconds for messages, as the verb does."""
         deadline = time.monotonic() + wait
-        result = await self.call("receive", args)
+        result = await self.call("receive", args, empty)
         if not empty(result) or args[4] is not None:
             return result  # got something, or settled something: answer now
         left = deadline - time.monotonic()
@@ -107,6 +114,16 @@ class Coalescer:
             return result
         got = await self._watch(args[0]).wait(left, args, empty)
         return result if got is None else got
+
+    def give_back(self, taken: Any) -> None:
+        """Hand back (`abandon`) what the broker took for a receive whose caller left."""
+        asyncio.ensure_future(self._abandon(taken))
+
+    async def _abandon(self, taken: Any) -> None:
+        try:
+            await self.abandon(taken)
+        except Exception:  # its locks' lease runs out instead
+            log.debug("giving back what a departed receive took failed", exc_info=True)
 
     def _watch(self, queue: str) -> _Watch:
         watch = self._watches.get(queue)
@@ -155,7 +172,9 @@ class Coalescer:
                 raise
         else:
             for q, (ok, value) in zip(batch, outcomes, strict=True):
-                if q.future.done():
+                if q.future.done():  # its caller left after it went
+                    if ok and q.empty is not None and not q.empty(value):
+                        self.give_back(value)
                     continue
                 if ok:
                     q.future.set_result(value)
@@ -198,7 +217,7 @@ class _Watch:
             pass
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
-                self._give_back(future.result())  # taken for it, but its caller left first
+                self.owner.give_back(future.result())  # taken for it; its caller left first
             raise
         finally:
             self.waiting -= 1
@@ -234,7 +253,7 @@ class _Watch:
         for w, (ok, value) in zip(waiters, outcomes, strict=True):
             if w.future.done():
                 if ok and not w.empty(value):
-                    self._give_back(value)
+                    self.owner.give_back(value)
             elif not ok:
                 w.future.set_exception(value)
             elif not w.empty(value):
@@ -242,15 +261,6 @@ class _Watch:
             elif w.deadline > time.monotonic():
                 self._send_soon(w, loop)  # others took what came: it waits on
             # else its time is up: its own timeout answers it
-
-    def _give_back(self, taken: Any) -> None:
-        asyncio.ensure_future(self._abandon(taken))
-
-    async def _abandon(self, taken: Any) -> None:
-        try:
-            await self.owner.abandon(taken)
-        except Exception:  # its locks' lease runs out instead
-            log.debug("giving back what a departed receive took failed", exc_info=True)
 
 
 HOLDER = 3  # where a receive's arguments (and a take) name the lock holder

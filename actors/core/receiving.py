@@ -291,8 +291,7 @@ class Receiving(Part):
         poison. Locks no longer held (expired, settled) are passed over. Returns how many."""
         locks = [self.state.locks.get(lid) for lid in lock_ids if isinstance(lid, str)]
         held = [lk for lk in locks if lk is not None and not lk.settled]
-        if held:
-            self.state.counts.rolled_back += sum(lk.count for lk in held)
+        if held:  # not counted as rolled back either: nobody had them
             self._release(held, committed=False)
         return len(held)
 

@@ -23,7 +23,7 @@ import ray
 from ..batchverbs import BATCH_VERBS
 from ..coalesce import Coalescer
 from ..envelope import NOTHING_RECEIVED, unpack_received
-from ..errors import BrokerError, BrokerUnavailable
+from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
 from ..ordering import Issuer
 from ..verbs import Verbs, lock_ids
 
@@ -163,10 +163,11 @@ class Broker(Verbs):
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
         if method not in BATCH_VERBS:
             return self._direct(method, args, post)
-        with self._batch_lock:
-            self._batch_callers += 1
-            alone = self._batch_callers == 1
+        entered = False  # counted in: an interrupt before that must not leave the count up
         try:
+            with self._batch_lock:
+                self._batch_callers += 1
+                entered, alone = True, self._batch_callers == 1
             # straight to the broker: the hop to the call loop costs a lone caller; and a call
             # made on the call loop itself cannot wait for that loop
             if alone or threading.current_thread() is _loop_thread:
@@ -174,8 +175,9 @@ class Broker(Verbs):
             # other threads are calling too: coalesced with theirs, as `aio` coalesces
             return _on_call_loop(self.aio.coalesced(method, args, post))
         finally:
-            with self._batch_lock:
-                self._batch_callers -= 1
+            if entered:
+                with self._batch_lock:
+                    self._batch_callers -= 1
 
     def _direct(self, method: str, args: tuple[Any, ...], post: Callable[[Any], Any] | None) -> Any:
         call = _Call(self, method, args)
@@ -301,9 +303,11 @@ class AsyncBroker(Verbs):
     async def _give_back(self, taken: bytes) -> None:
         """Return what the broker took for a waiting receive whose caller left (not a rollback:
         it does not count toward the queue's poison limit)."""
-        await self._direct(
-            _Call(self._sync, "give_back", (lock_ids(unpack_received(taken)),)), None
-        )
+        ids = lock_ids(unpack_received(taken))
+        try:
+            await self._direct(_Call(self._sync, "give_back", (ids,)), None)
+        except InvalidArgument:  # a broker older than the verb: a rollback, as before it
+            await self.rollback(ids)
 
     async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
         """One actor call (one order for the handle, sync and async alike)."""

@@ -144,6 +144,37 @@ def test_a_call_cancelled_before_its_batch_went_is_never_sent():
     assert broker.log == ["kept"]
 
 
+class HeldBroker(Broker):
+    """Holds each batch at the broker until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.arrived: list = []
+
+    async def send(self, batch):
+        self.arrived.append(batch)
+        await self.release.wait()
+        return await super().send(batch)
+
+
+def test_what_a_receive_took_after_its_caller_left_mid_call_is_given_back():
+    broker = HeldBroker()
+    broker.put("m1")
+
+    async def main():
+        c = broker.coalescer()
+        reader = _reader(c)
+        await apoll(lambda: broker.arrived, "the receive to reach the broker")
+        reader.cancel()  # its caller leaves while the receive is at the broker
+        broker.release.set()
+        await apoll(lambda: broker.given_back, "what it took to be given back")
+        return reader
+
+    reader = asyncio.run(main())
+    assert reader.cancelled() and broker.given_back == ["m1"] and not broker.queue
+
+
 def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     broker = Broker()
 
