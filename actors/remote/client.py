@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from ..batchverbs import BATCH_VERBS
+from ..channel import Channel, ChannelBroken, ChannelSlot
 from ..coalesce import Coalescer
 from ..envelope import NOTHING_RECEIVED, unpack_received
 from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
@@ -84,6 +85,14 @@ class _Call:
             self.ref = b.actor.call.remote(order, self.method, *self.args)
         return self.ref
 
+    async def send_on(self, channel: Channel) -> Any:
+        """The call over the handle's direct channel (actors.remote.channel); `ChannelBroken`
+        if it cannot be sent or answered there (then it goes through Ray, as itself)."""
+        method, args = ("calls", self.args) if self.batch else (self.method, self.args)
+        self.ref = answer = channel.send(self.broker.issuer.order(self.seq), method, args)
+        # shielded: a caller that leaves does not cancel the answer, which the order waits for
+        return await asyncio.shield(answer)
+
     def answer(self, result: Any, post: Callable[[Any], Any] | None) -> Any:
         self.ref = None
         return post(result) if post else result
@@ -119,16 +128,20 @@ class _Call:
     def close(self) -> None:
         """A call is answered when Ray has its reply: one interrupted before (KeyboardInterrupt,
         a cancelled coroutine) may still run, so the order's floor must not pass it until then."""
-        issuer, seq = self.broker.issuer, self.seq
-        if self.ref is None:
+        issuer, seq, ref = self.broker.issuer, self.seq, self.ref
+        if ref is None or (isinstance(ref, asyncio.Future) and ref.done()):
             issuer.answered(seq)
+        elif isinstance(ref, asyncio.Future):  # sent over the channel
+            ref.add_done_callback(lambda _: issuer.answered(seq))
         else:
-            self.ref.future().add_done_callback(lambda _: issuer.answered(seq))
+            ref.future().add_done_callback(lambda _: issuer.answered(seq))
 
 
 class Broker(Verbs):
     """A handle on one broker actor (`actors.verbs.BrokerHandle`). Picklable: pass it to tasks
     and actors."""
+
+    direct = True  # calls may go over a direct channel (actors.remote.channel)
 
     def __init__(
         self, actor: Any, name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0
@@ -180,6 +193,10 @@ class Broker(Verbs):
                     self._batch_callers -= 1
 
     def _direct(self, method: str, args: tuple[Any, ...], post: Callable[[Any], Any] | None) -> Any:
+        if self.direct and threading.current_thread() is not _loop_thread:
+            # over the call loop's direct channel (a hop between threads costs far less than
+            # the Ray call it saves); the loop's own thread cannot wait for itself
+            return _on_call_loop(self.aio.one_call(method, args, post))
         call = _Call(self, method, args)
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
@@ -264,6 +281,7 @@ class AsyncBroker(Verbs):
         self._sync = sync
         self.name = sync.name
         self._coalescers: weakref.WeakKeyDictionary[Any, Coalescer] = weakref.WeakKeyDictionary()
+        self._channels: weakref.WeakKeyDictionary[Any, ChannelSlot] = weakref.WeakKeyDictionary()
 
     def _owner(self) -> tuple[str, Any] | None:
         return lock_holder()
@@ -292,6 +310,12 @@ class AsyncBroker(Verbs):
             result = await self._coalescer().call(method, args)
         return post(result) if post else result
 
+    async def one_call(
+        self, method: str, args: tuple[Any, ...], post: Callable[[Any], Any] | None
+    ) -> Any:
+        """One verb, alone (not coalesced): the sync handle's calls come here."""
+        return await self._direct(_Call(self._sync, method, args), post)
+
     async def _send_batch(self, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
         return await self._direct(_Call(self._sync, "calls", (batch,), batch=True), None)
 
@@ -309,11 +333,38 @@ class AsyncBroker(Verbs):
         except InvalidArgument:  # a broker older than the verb: a rollback, as before it
             await self.rollback(ids)
 
+    def _channel(self) -> Channel | None:
+        """This loop's direct channel to the broker, if one is open (else one is being opened,
+        and this call goes through Ray)."""
+        if not self._sync.direct:
+            return None
+        slot = self._channels.get(asyncio.get_running_loop())  # a connection is one loop's
+        if slot is None or _token is None or slot.holder_token is not _token[2]:
+            slot = self._new_channel(slot)  # the first call here, or Ray started again
+        return slot.get()
+
+    def _new_channel(self, old: ChannelSlot | None) -> ChannelSlot:
+        if old is not None:
+            old.close()
+        _, token = lock_holder()  # the lock holder the channel's receives name
+        actor = self._sync.actor
+
+        async def opener() -> tuple[str, int, str]:
+            return await actor.open_channel.remote(token)
+
+        slot = self._channels[asyncio.get_running_loop()] = ChannelSlot(opener, token[0])
+        return slot
+
     async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
-        """One actor call (one order for the handle, sync and async alike)."""
+        """One call to the broker: over the direct channel when there is one, else (and when
+        the channel breaks under it) through Ray. One order for the handle, sync and async."""
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
+                    channel = self._channel()
+                    if channel is not None:
+                        with contextlib.suppress(ChannelBroken):
+                            return call.answer(await call.send_on(channel), post)
                     return call.answer(await self._sync.result_async(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     await asyncio.sleep(call.failed(exc))

@@ -226,6 +226,8 @@ def stop_mirrored_broker(name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
 class MirroredBroker(Broker):
     """A handle on a mirrored broker: the principal's actor, followed through failovers."""
 
+    direct = False  # its calls go through Ray, which tells it when the principal moved
+
     def __init__(
         self, mirrored: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0
     ) -> None:

@@ -80,6 +80,9 @@ def test_killing_the_broker_mid_stream_loses_and_doubles_nothing(make_broker):
     sender = threading.Thread(target=send_stream)
     sender.start()
     wait_until(lambda: rounds_sent >= PER_DIALOG // 3, what="a third of the stream to be sent")
+    # the sender's and the readers' calls go over direct channels (actors.channel), which the
+    # kill breaks under them: their calls then go through Ray, and the channels open again
+    wait_until(lambda: broker.info()["channels"]["open"] >= 4, what="four channels to open")
     ray.kill(broker.actor, no_restart=False)  # Ray restarts it; it reopens its store
     sender.join(timeout=300)
     assert not sender.is_alive() and rounds_sent == PER_DIALOG
@@ -90,6 +93,7 @@ def test_killing_the_broker_mid_stream_loses_and_doubles_nothing(make_broker):
         return done >= DIALOGS * PER_DIALOG and groups
 
     groups = wait_until(all_counted, timeout=180, what="every message to be committed")
+    wait_until(lambda: broker.info()["channels"]["open"] >= 4, what="the channels to reopen")
     for r in readers:
         r.stop.remote()
     ray.get(runs)

@@ -1,0 +1,91 @@
+"""The direct channel on a real broker actor: a handle's calls go over it once it is open (sync
+and async alike), errors arrive as themselves, and a lock holder whose receive went over it is
+still watched by its Ray token, so its death releases its locks. (A broker killed under a stream
+of channel calls is tests/integration/test_crash.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import ray
+
+from actors import Broker, Send
+from actors.errors import ConversationNotFound
+from tests.integration.test_holders import LEASE, define, wait_until_receivable
+from tests.polling import apoll, wait_until
+
+
+def channels(b: Broker) -> dict[str, int]:
+    return b.info()["channels"]
+
+
+def test_a_handles_calls_go_over_its_direct_channel_sync_and_async(make_broker):
+    b = make_broker()
+    define(b)
+    wait_until(lambda: channels(b)["open"] >= 1, what="the sync handle's channel to open")
+    before = channels(b)["calls"]
+    handle = b.begin_dialog("S", "S", "C")
+    b.apply([Send(handle, "M", b"one")])
+    with pytest.raises(ConversationNotFound):  # the broker's error, as itself
+        b.apply([Send("0" * 32, "M", b"nobody")])
+    got = b.receive("Q", max_groups=10)
+    b.commit(got)
+    assert sorted(m.body for g in got for m in g.messages) == [b"one", b"work", b"work", b"work"]
+    # begin, two applies, receive, commit: each one call over the channel (+ this info call)
+    assert channels(b)["calls"] - before == 6
+
+    async def concurrent() -> list:
+        await asyncio.gather(*(b.aio.apply([Send(handle, "M", b"%d" % i)]) for i in range(50)))
+        groups = await b.aio.receive("Q", max_groups=10)
+        await b.aio.commit(groups)
+        return [m.body for g in groups for m in g.messages]
+
+    async def on_channel() -> tuple[list, int]:
+        await b.aio.info()  # a new loop's first call opens its channel
+        await apoll(lambda: channels(b)["open"] >= 2, "this loop's channel to open")
+        before = channels(b)["calls"]
+        bodies = await concurrent()
+        return bodies, channels(b)["calls"] - before
+
+    bodies, calls = asyncio.run(on_channel())
+    assert bodies == [b"%d" % i for i in range(50)]
+    assert 3 <= calls < 50  # over the channel, the 50 applies coalesced into a few calls
+    assert b.queues()["Q"]["depth"] == 0
+
+
+@ray.remote(max_restarts=0, max_task_retries=0)
+class Holder:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def ping(self) -> None:
+        self.broker.info()
+
+    def take(self, groups: int) -> int:
+        return len(self.broker.receive("Q", max_groups=groups, lease=LEASE))
+
+    def die(self) -> None:
+        os._exit(1)
+
+
+def test_a_holder_that_took_over_its_channel_and_died_loses_its_locks(make_broker):
+    b = make_broker()
+    define(b)
+    wait_until(lambda: channels(b)["open"] >= 1, what="the driver's channel to open")
+    holder = Holder.remote(b)
+
+    def holder_connected() -> bool:
+        ray.get(holder.ping.remote())
+        return channels(b)["open"] >= 2
+
+    wait_until(holder_connected, what="the holder's channel to open")
+    before = channels(b)["calls"]
+    assert ray.get(holder.take.remote(2)) == 2
+    assert channels(b)["calls"] - before == 2  # the take (and this info call) went over it
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(holder.die.remote())
+
+    wait_until_receivable(b, 3)  # its token, carried by the channel's ticket, was watched
+    wait_until(lambda: channels(b)["open"] == 1, what="the dead holder's connection to close")
