@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import checks
 from .envelope import NOTHING_RECEIVED as NOTHING
-from .envelope import pack_received, unpack_ops
+from .envelope import pack_received, unpack_ops, unpack_received
 from .errors import InvalidArgument
 from .ordering import Order
 
@@ -116,3 +116,24 @@ class BatchVerbs:
             return True, pack_received(self._take(queue, options, holder, reader))
         except Exception as exc:  # this receive's error; the others take on
             return False, exc
+
+    def undelivered(self, method: str, result: Any) -> int:
+        """A call whose answer never reached its client (its direct channel ended: the client
+        sends the call again through Ray) gives back what it took, or the retry's take would
+        find those groups locked until their lease ran out (and that rollback would count
+        toward poison). Returns how many locks were given back."""
+        if method == "get_conversation_group":
+            return self.core.give_back([result[1]]) if result else 0
+        if method == "receive":
+            taken = [result]
+        elif method in ("calls", "wait_take"):
+            taken = [value for ok, value in result if ok]
+        else:
+            return 0
+        ids = [
+            g.lock_id
+            for blob in taken
+            if isinstance(blob, bytes) and blob != NOTHING
+            for g in unpack_received(blob)
+        ]
+        return self.core.give_back(ids) if ids else 0

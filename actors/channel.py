@@ -68,21 +68,28 @@ def _tune(sock: socket.socket | None) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def _frame(obj: Any, pickler: type[pickle.Pickler] = pickle.Pickler) -> bytes:
+OK, ERROR, NOT_HERE = 0, 1, 2  # an answer's status; NOT_HERE: not run, send it through Ray
+
+
+def _dumps(obj: Any, pickler: type[pickle.Pickler] = pickle.Pickler) -> bytes:
     buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
     pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    size = buf.tell() - 4
-    if size > MAX_FRAME:
-        raise pickle.PicklingError(f"a frame of {size} bytes is over {MAX_FRAME}")
-    view = buf.getbuffer()
-    _LENGTH.pack_into(view, 0, size)
-    del view
     return buf.getvalue()
+
+
+def _frame(obj: Any) -> bytes:
+    """A frame: length, then a pickle of plain data (numbers, strings, bytes, tuples). What a
+    call carries is a pickle of its own inside it, so one that cannot be read fails alone."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > MAX_FRAME:
+        raise pickle.PicklingError(f"a frame of {len(data)} bytes is over {MAX_FRAME}")
+    return _LENGTH.pack(len(data)) + data
 
 
 class _Framed(asyncio.Protocol):
     """A connection's bytes as frames: `frame` is called with each whole one."""
+
+    max_frame = MAX_FRAME
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -98,8 +105,8 @@ class _Framed(asyncio.Protocol):
         buf += data
         while len(buf) >= 4:
             (size,) = _LENGTH.unpack_from(buf)
-            if size > MAX_FRAME:
-                self.fail(f"a frame of {size} bytes is over {MAX_FRAME}")
+            if size > self.max_frame:
+                self.fail(f"a frame of {size} bytes is over {self.max_frame}")
                 return
             if len(buf) < 4 + size:
                 return
@@ -109,9 +116,12 @@ class _Framed(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 return
 
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+    def write(self, data: bytes) -> bool:
+        """Whether it could be written (the connection is still open)."""
+        if self.transport is None or self.transport.is_closing():
+            return False
+        self.transport.write(data)
+        return True
 
     def frame(self, data: bytes) -> None:
         raise NotImplementedError
@@ -125,27 +135,36 @@ class _Framed(asyncio.Protocol):
 # The broker's side ---------------------------------------------------------------------------
 
 Dispatch = Callable[[Any, str, tuple[Any, ...]], Awaitable[Any]]  # (order, method, args)
+Undelivered = Callable[[str, Any], None]  # (method, result) of a call whose answer was lost
 
 
 class ChannelServer:
-    """Listens for a broker's clients and runs their calls through `dispatch`."""
+    """Listens for a broker's clients and runs their calls through `dispatch`. A call whose
+    answer cannot be sent (its connection ended meanwhile; the client sends it again through
+    Ray) is handed to `undelivered`, so what it took can be given back."""
 
-    def __init__(self, dispatch: Dispatch, host: str) -> None:
+    def __init__(
+        self, dispatch: Dispatch, host: str, undelivered: Undelivered | None = None
+    ) -> None:
         self.dispatch = dispatch
+        self.undelivered = undelivered
         self.host = host
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
+        self._starting = asyncio.Lock()
         self.tickets: dict[str, tuple[float, Any]] = {}  # ticket -> (made at, holder handle)
         self.connections = 0  # open now
         self.calls = 0  # calls received over them, ever
+        self.running: set[asyncio.Task] = set()  # calls being answered (held: asyncio does not)
 
     async def ticket(self, holder_handle: Any) -> tuple[str, int, str]:
         """(host, port, ticket) for one connection; `holder_handle`: what a frame's reference
         to the lock holder stands for on that connection."""
-        if self._server is None:
-            loop = asyncio.get_running_loop()
-            self._server = await loop.create_server(lambda: _Served(self), self.host, 0)
-            self.port = self._server.sockets[0].getsockname()[1]
+        async with self._starting:  # one listener, however many clients ask at once
+            if self._server is None:
+                loop = asyncio.get_running_loop()
+                self._server = await loop.create_server(lambda: _Served(self), self.host, 0)
+                self.port = self._server.sockets[0].getsockname()[1]
         now = time.monotonic()
         for stale in [t for t, (at, _) in self.tickets.items() if at < now - TICKET_S]:
             del self.tickets[stale]
@@ -160,6 +179,8 @@ class ChannelServer:
 
 class _Served(_Framed):
     """One client's connection at the broker: a ticket first, then calls."""
+
+    max_frame = 64  # until the ticket is in: nobody unknown makes the broker buffer much
 
     def __init__(self, server: ChannelServer) -> None:
         super().__init__()
@@ -177,7 +198,6 @@ class _Served(_Framed):
             self.transport.close()
 
     def frame(self, data: bytes) -> None:
-        global _holder_here
         server = self.server
         if self.holder is None:
             entry = server.tickets.pop(data.decode("ascii", "replace"), None)
@@ -186,34 +206,47 @@ class _Served(_Framed):
                 self.transport.close()
                 return
             self.holder = [entry[1]]
+            self.max_frame = MAX_FRAME
             server.connections += 1
             return
-        _holder_here = self.holder[0]  # what `_holder` stands for in this frame
         try:
-            call_id, order, method, args = pickle.loads(data)
-        except Exception as exc:  # not a call: this connection ends
+            call_id, order, method, blob = pickle.loads(data)
+        except Exception as exc:  # not a frame of this protocol: the connection ends
             self.fail(repr(exc))
             return
-        finally:
-            _holder_here = None
         server.calls += 1
         # tasks start in the order made; the broker's order check, not this, is what keeps a
         # client's calls in the order it issued them. A call outlives its connection, as an
         # actor call outlives its caller.
-        asyncio.ensure_future(self._answer(call_id, order, method, args))
+        task = asyncio.ensure_future(self._answer(call_id, order, method, blob))
+        server.running.add(task)
+        task.add_done_callback(server.running.discard)
 
-    async def _answer(self, call_id: int, order: Any, method: str, args: tuple) -> None:
+    async def _answer(self, call_id: int, order: Any, method: str, blob: bytes) -> None:
+        global _holder_here
+        _holder_here = self.holder[0] if self.holder else None  # what `_holder` stands for
         try:
-            reply = (call_id, True, await self.server.dispatch(order, method, args))
+            args = pickle.loads(blob)
+        except Exception as exc:  # (a class only the client has, say): not run; through Ray
+            self.write(_frame((call_id, NOT_HERE, repr(exc)[:500])))
+            return
+        finally:
+            _holder_here = None
+        try:
+            status, value = OK, await self.server.dispatch(order, method, args)
         except Exception as exc:  # the caller's error, raised in the caller
-            reply = (call_id, False, exc)
+            status, value = ERROR, exc
         try:
-            data = _frame(reply)
-            if not reply[1]:
-                pickle.loads(data[4:])  # an error must also unpickle, or the reader would end
+            payload = _dumps(value)
+            if status == ERROR:
+                pickle.loads(payload)  # an error that will not unpickle cannot be raised there
         except Exception as exc:  # an answer pickle cannot carry: say so rather than hang
-            data = _frame((call_id, False, RuntimeError(f"unpicklable answer {reply!r}: {exc!r}")))
-        self.write(data)
+            status = ERROR
+            error = RuntimeError(f"the broker's answer to {method} cannot be sent: {exc!r}")
+            payload = _dumps(error)
+        sent = self.write(_frame((call_id, status, payload)))
+        if not sent and status == OK and self.server.undelivered is not None:
+            self.server.undelivered(method, value)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
@@ -252,12 +285,13 @@ class Channel(_Framed):
 
     def send(self, order: Any, method: str, args: tuple[Any, ...]) -> asyncio.Future:
         """Send a call; its answer's future (the broker's error raised from it, or
-        `ChannelBroken`). Raises `ChannelBroken` at once if the call cannot be sent here."""
+        `ChannelBroken`: it did not run, send it another way). Raises `ChannelBroken` at once if
+        the call cannot be sent here."""
         if self.broken:
             raise ChannelBroken("the connection is closed")
         call_id = next(self._ids)
         try:
-            data = _frame((call_id, order, method, args), self._pickler)
+            data = _frame((call_id, order, method, _dumps(args, self._pickler)))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ChannelBroken(f"the call cannot travel as a pickle: {exc}") from None
         future = asyncio.get_running_loop().create_future()
@@ -268,14 +302,22 @@ class Channel(_Framed):
 
     def frame(self, data: bytes) -> None:
         try:
-            call_id, ok, value = pickle.loads(data)
+            call_id, status, payload = pickle.loads(data)
         except Exception as exc:
             self.fail(repr(exc))
             return
         future = self._pending.pop(call_id, None)
         if future is None or future.done():
             return
-        if ok:
+        if status == NOT_HERE:
+            future.set_exception(ChannelBroken(f"the broker could not read the call: {payload}"))
+            return
+        try:
+            value = pickle.loads(payload)
+        except Exception as exc:  # (a class only the broker has, say): this call's error
+            future.set_exception(RuntimeError(f"the broker's answer cannot be read: {exc!r}"))
+            return
+        if status == OK:
             future.set_result(value)
         else:
             future.set_exception(value)
@@ -293,14 +335,14 @@ class Channel(_Framed):
                 future.set_exception(ChannelBroken(f"the connection to the broker ended ({why})"))
 
 
-# A lock holder's handle in a frame: pickled by reference (`_holder`), and read back as the handle
-# its connection's ticket brought. Frames are read one at a time on the broker's loop.
+# A lock holder's handle in a call: pickled by reference (`_holder`), and read back as the handle
+# its connection's ticket brought. A call's arguments are read one at a time on the broker's loop.
 _holder_here: Any = None
 
 
 def _holder() -> Any:
     if _holder_here is None:
-        raise pickle.UnpicklingError("a lock holder's handle outside a channel's frame")
+        raise pickle.UnpicklingError("a lock holder's handle outside a channel's call")
     return _holder_here
 
 
@@ -311,7 +353,8 @@ def _pickler_for(token: Any) -> type[pickle.Pickler]:
         def reducer_override(self, obj: Any) -> Any:
             if obj is token:
                 return _holder, ()
-            if type(obj).__module__.startswith("ray"):  # another Ray object: not here
+            module = type(obj).__module__
+            if module == "ray" or module.startswith("ray."):  # another Ray object: not here
                 raise pickle.PicklingError(f"a {type(obj).__name__} cannot travel here")
             return NotImplemented
 
@@ -324,16 +367,16 @@ def _retrieve(future: asyncio.Future) -> None:
 
 
 class ChannelSlot:
-    """A handle's channel on one event loop: opened in the background on first use (calls go
-    through Ray meanwhile), reopened after it breaks, not tried again for RETRY_S after an open
-    that failed."""
+    """A channel to one broker on one event loop: opened in the background on first use (calls
+    go through Ray meanwhile), reopened after it breaks, not tried again for RETRY_S after an
+    open that failed."""
 
     def __init__(self, opener: Opener, holder_token: Any) -> None:
         self.opener = opener
         self.holder_token = holder_token
         self.channel: Channel | None = None
-        self._opening: asyncio.Task | None = None
-        self._next_try = 0.0
+        self.opening: asyncio.Task | None = None
+        self.next_try = 0.0
 
     def get(self) -> Channel | None:
         """The open channel, or None (then one is being opened, or not tried again yet)."""
@@ -341,8 +384,8 @@ class ChannelSlot:
         if channel is not None and not channel.broken:
             return channel
         self.channel = None
-        if self._opening is None and time.monotonic() >= self._next_try:
-            self._opening = asyncio.ensure_future(self._open())
+        if self.opening is None and time.monotonic() >= self.next_try:
+            self.opening = asyncio.ensure_future(self._open())
         return None
 
     async def _open(self) -> None:
@@ -352,12 +395,47 @@ class ChannelSlot:
             )
         except Exception as exc:  # calls go on through Ray
             log.debug("raybroker: no direct channel to the broker (%s); calls go through Ray", exc)
-            self._next_try = time.monotonic() + RETRY_S
+            self.next_try = time.monotonic() + RETRY_S
         finally:
-            self._opening = None
+            self.opening = None
 
     def close(self) -> None:
-        if self._opening is not None:
-            self._opening.cancel()
+        if self.opening is not None:
+            self.opening.cancel()
         if self.channel is not None:
             self.channel.close()
+
+
+class Channels:
+    """A process's channels: one per broker per event loop, shared by every handle on that
+    broker (a call carries its handle's order, so handles need no connection of their own).
+    A loop's channels close when the loop ends (`asyncio.run` cancels the task that keeps
+    them), so neither the connections nor the loop outlive it."""
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, dict[Any, ChannelSlot]] = {}
+        self._keepers: set[asyncio.Task] = set()
+
+    def slot(self, broker: Any, holder_token: Any, opener: Opener) -> ChannelSlot:
+        """The slot for `broker` (any hashable key) on the running loop, made if needed; a
+        slot made for an older holder token (Ray started again in this process) is replaced."""
+        loop = asyncio.get_running_loop()
+        slots = self._by_loop.get(loop)
+        if slots is None:
+            slots = self._by_loop[loop] = {}
+            keeper = loop.create_task(self._keep(loop))
+            self._keepers.add(keeper)
+            keeper.add_done_callback(self._keepers.discard)
+        slot = slots.get(broker)
+        if slot is None or slot.holder_token is not holder_token:
+            if slot is not None:
+                slot.close()
+            slot = slots[broker] = ChannelSlot(opener, holder_token)
+        return slot
+
+    async def _keep(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:  # the loop is ending
+            for slot in self._by_loop.pop(loop, {}).values():
+                slot.close()

@@ -1,8 +1,10 @@
 """Every error raybroker raises, in one tree.
 
 Each class carries a message that says what was wrong and what to do about it. Errors raised inside
-the broker actor cross Ray unchanged (they are plain picklable exceptions) and the client re-raises
-them as themselves, so `except UnknownService:` works in driver scripts.
+the broker actor cross Ray (or a direct channel) unchanged (they are plain picklable exceptions)
+and the client re-raises them as themselves, so `except UnknownService:` works in driver scripts.
+(`actors.channel.ChannelBroken` is not here: it never reaches a caller, whose call then goes
+through Ray.)
 """
 
 from __future__ import annotations

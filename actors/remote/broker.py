@@ -64,10 +64,11 @@ class BrokerActor(BrokerService):
         }
 
     async def open_channel(self, holder: list) -> tuple[str, int, str]:
-        """(host, port, ticket) of a direct channel for a client (actors.remote.channel);
-        `holder`: its lock holder's token, in a list so Ray passes it unresolved."""
+        """(host, port, ticket) of a direct channel for a client (actors.channel); `holder`:
+        its lock holder's token, in a list so Ray passes it unresolved."""
         if self._channels is None:
-            self._channels = ChannelServer(self._dispatch, ray.util.get_node_ip_address())
+            host = ray.util.get_node_ip_address()
+            self._channels = ChannelServer(self._dispatch, host, self.undelivered)
         return await self._channels.ticket(holder[0])
 
     def _channel_counts(self) -> dict[str, int]:
@@ -76,9 +77,15 @@ class BrokerActor(BrokerService):
         return {"open": 0, "calls": 0} if c is None else {"open": c.connections, "calls": c.calls}
 
     async def _dispatch(self, order: Any, method: str, args: tuple[Any, ...]) -> Any:
-        if method == "calls":
-            return await self.calls(order, *args)
-        return await self.call(order, method, *args)
+        try:
+            if method == "calls":
+                return await self.calls(order, *args)
+            return await self.call(order, method, *args)
+        except BrokerError:
+            raise
+        except Exception as exc:  # a fault in the broker (Ray would say RayTaskError): not
+            # raised as itself, where a Ray error would read as the broker's death and be retried
+            raise RuntimeError(f"broker {self.name!r} failed in {method}: {exc!r}") from None
 
     async def holder_alive(self, handle: Any) -> bool | None:
         """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 
 from ..batchverbs import BATCH_VERBS
-from ..channel import Channel, ChannelBroken, ChannelSlot
+from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
 from ..envelope import NOTHING_RECEIVED, unpack_received
 from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
@@ -63,16 +63,18 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
 
 
 class _Call:
-    """One call to the broker actor through Ray: numbered in its handle's order, retried with
-    the same number (and request id) while the broker restarts, until `retry_s` is up. A verb
-    goes through the actor's `call`; a coalesced batch through `calls`."""
+    """One call to the broker actor, over the direct channel or through Ray: numbered in its
+    handle's order, retried with the same number (and request id) while the broker restarts,
+    until `retry_s` is up. A verb goes through the actor's `call`; a coalesced batch through
+    `calls`."""
 
     def __init__(
         self, broker: Broker, method: str, args: tuple[Any, ...], batch: bool = False
     ) -> None:
         self.broker, self.method, self.args, self.batch = broker, method, args, batch
         self.seq = broker.issuer.issue()
-        self.ref: ray.ObjectRef | None = None  # set while Ray may still run the call
+        # set while the broker may still run the call: Ray's reference, or the channel's future
+        self.ref: ray.ObjectRef | asyncio.Future | None = None
         self.deadline = time.monotonic() + broker.retry_s
         self.delay = 0.05
 
@@ -86,8 +88,8 @@ class _Call:
         return self.ref
 
     async def send_on(self, channel: Channel) -> Any:
-        """The call over the handle's direct channel (actors.remote.channel); `ChannelBroken`
-        if it cannot be sent or answered there (then it goes through Ray, as itself)."""
+        """The call over a direct channel (actors.channel); `ChannelBroken` if it cannot be
+        sent or answered there (then it goes again, as itself: through Ray, or a new channel)."""
         method, args = ("calls", self.args) if self.batch else (self.method, self.args)
         self.ref = answer = channel.send(self.broker.issuer.order(self.seq), method, args)
         # shielded: a caller that leaves does not cancel the answer, which the order waits for
@@ -141,7 +143,7 @@ class Broker(Verbs):
     """A handle on one broker actor (`actors.verbs.BrokerHandle`). Picklable: pass it to tasks
     and actors."""
 
-    direct = True  # calls may go over a direct channel (actors.remote.channel)
+    direct = True  # calls may go over a direct channel (actors.channel)
 
     def __init__(
         self, actor: Any, name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0
@@ -260,6 +262,18 @@ def _on_call_loop(coro: Coroutine[Any, Any, Any]) -> Any:
         raise
 
 
+# The process's direct channels to brokers (actors.channel), shared by its handles.
+_channels = Channels()
+
+
+def direct_allowed() -> bool:
+    """Whether handles may call over direct channels: not when `RAYBROKER_DIRECT=0`, nor when
+    Ray runs with TLS (`RAY_USE_TLS`), whose encryption the channel does not have."""
+    return os.environ.get("RAYBROKER_DIRECT", "1") != "0" and os.environ.get(
+        "RAY_USE_TLS", "0"
+    ).lower() not in ("1", "true")
+
+
 def _holds_name(broker: Broker) -> bool:
     try:  # ActorHandle equality is actor identity: a new broker of that name does not count
         return ray.get_actor(broker.name, namespace=broker.namespace) == broker.actor
@@ -281,7 +295,6 @@ class AsyncBroker(Verbs):
         self._sync = sync
         self.name = sync.name
         self._coalescers: weakref.WeakKeyDictionary[Any, Coalescer] = weakref.WeakKeyDictionary()
-        self._channels: weakref.WeakKeyDictionary[Any, ChannelSlot] = weakref.WeakKeyDictionary()
 
     def _owner(self) -> tuple[str, Any] | None:
         return lock_holder()
@@ -336,24 +349,13 @@ class AsyncBroker(Verbs):
     def _channel(self) -> Channel | None:
         """This loop's direct channel to the broker, if one is open (else one is being opened,
         and this call goes through Ray)."""
-        if not self._sync.direct:
+        if not (self._sync.direct and direct_allowed()):
             return None
-        slot = self._channels.get(asyncio.get_running_loop())  # a connection is one loop's
-        if slot is None or _token is None or slot.holder_token is not _token[2]:
-            slot = self._new_channel(slot)  # the first call here, or Ray started again
-        return slot.get()
-
-    def _new_channel(self, old: ChannelSlot | None) -> ChannelSlot:
-        if old is not None:
-            old.close()
-        _, token = lock_holder()  # the lock holder the channel's receives name
-        actor = self._sync.actor
-
-        async def opener() -> tuple[str, int, str]:
-            return await actor.open_channel.remote(token)
-
-        slot = self._channels[asyncio.get_running_loop()] = ChannelSlot(opener, token[0])
-        return slot
+        if _token is None:
+            lock_holder()
+        assert _token is not None
+        token, actor = _token[2], self._sync.actor
+        return _channels.slot(actor, token, lambda: actor.open_channel.remote([token])).get()
 
     async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
         """One call to the broker: over the direct channel when there is one, else (and when

@@ -13,6 +13,7 @@ import ray
 
 from actors import Broker, Send
 from actors.errors import ConversationNotFound
+from actors.remote.client import direct_allowed
 from tests.integration.test_holders import LEASE, define, wait_until_receivable
 from tests.polling import apoll, wait_until
 
@@ -76,9 +77,10 @@ def test_a_holder_that_took_over_its_channel_and_died_loses_its_locks(make_broke
     wait_until(lambda: channels(b)["open"] >= 1, what="the driver's channel to open")
     holder = Holder.remote(b)
 
-    def holder_connected() -> bool:
+    def holder_connected() -> bool:  # its ping went over its channel (+1 for this info call)
+        before = channels(b)["calls"]
         ray.get(holder.ping.remote())
-        return channels(b)["open"] >= 2
+        return channels(b)["calls"] - before == 2
 
     wait_until(holder_connected, what="the holder's channel to open")
     before = channels(b)["calls"]
@@ -89,3 +91,29 @@ def test_a_holder_that_took_over_its_channel_and_died_loses_its_locks(make_broke
 
     wait_until_receivable(b, 3)  # its token, carried by the channel's ticket, was watched
     wait_until(lambda: channels(b)["open"] == 1, what="the dead holder's connection to close")
+
+
+def test_direct_channels_are_off_when_asked_or_under_tls(monkeypatch):
+    monkeypatch.delenv("RAYBROKER_DIRECT", raising=False)
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    assert direct_allowed()
+    monkeypatch.setenv("RAYBROKER_DIRECT", "0")
+    assert not direct_allowed()
+    monkeypatch.setenv("RAYBROKER_DIRECT", "1")
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    assert not direct_allowed()
+
+
+def test_with_direct_channels_off_calls_go_through_ray(make_broker, monkeypatch):
+    monkeypatch.setenv("RAYBROKER_DIRECT", "0")
+    b = make_broker()
+    define(b)
+
+    async def calls() -> list:
+        await asyncio.gather(*(b.aio.info() for _ in range(5)))
+        got = await b.aio.receive("Q", max_groups=10)
+        await b.aio.commit(got)
+        return got
+
+    assert len(asyncio.run(calls())) == 3
+    assert channels(b) == {"open": 0, "calls": 0}

@@ -77,12 +77,13 @@ def test_killing_the_broker_mid_stream_loses_and_doubles_nothing(make_broker):
             broker.apply([Send(h, "DEFAULT", body) for h in handles])
             rounds_sent = n + 1
 
+    # the driver's and the readers' calls go over direct channels (actors.channel), which the
+    # kill breaks under them: their calls then go through Ray, and the channels open again
+    wait_until(lambda: broker.info()["channels"]["open"] >= 4, what="four channels to open")
     sender = threading.Thread(target=send_stream)
     sender.start()
     wait_until(lambda: rounds_sent >= PER_DIALOG // 3, what="a third of the stream to be sent")
-    # the sender's and the readers' calls go over direct channels (actors.channel), which the
-    # kill breaks under them: their calls then go through Ray, and the channels open again
-    wait_until(lambda: broker.info()["channels"]["open"] >= 4, what="four channels to open")
+    assert rounds_sent < PER_DIALOG  # killed mid-stream
     ray.kill(broker.actor, no_restart=False)  # Ray restarts it; it reopens its store
     sender.join(timeout=300)
     assert not sender.is_alive() and rounds_sent == PER_DIALOG
