@@ -117,23 +117,29 @@ class BatchVerbs:
         except Exception as exc:  # this receive's error; the others take on
             return False, exc
 
-    def undelivered(self, method: str, result: Any) -> int:
+    def undelivered(self, method: str, args: Any, result: Any) -> int:
         """A call whose answer never reached its client (its direct channel ended: the client
-        sends the call again through Ray) gives back what it took, or the retry's take would
-        find those groups locked until their lease ran out (and that rollback would count
-        toward poison). Returns how many locks were given back."""
+        sends the call again through Ray) gives back the locks it made, or the retry's take
+        would find those groups locked until their lease ran out (and that rollback would count
+        toward poison). A receive under a lock the client already held (`lock_id`) made none:
+        that lock is the client's, and stays. Returns how many locks were given back."""
         if method == "get_conversation_group":
             return self.core.give_back([result[1]]) if result else 0
         if method == "receive":
-            taken = [result]
-        elif method in ("calls", "wait_take"):
+            receives, taken = [args], [result]
+        elif method == "calls":
+            receives = [a for m, a in args[0] if m == "receive"]
             taken = [value for ok, value in result if ok]
+        elif method == "wait_take":
+            receives, taken = list(args[2]), [value for ok, value in result if ok]
         else:
             return 0
+        held = {r[2].get("lock_id") for r in receives if isinstance(r[2], dict)}
         ids = [
             g.lock_id
             for blob in taken
             if isinstance(blob, bytes) and blob != NOTHING
             for g in unpack_received(blob)
+            if g.lock_id not in held
         ]
         return self.core.give_back(ids) if ids else 0

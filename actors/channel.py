@@ -1,25 +1,29 @@
-"""The direct channel: a handle's calls to its broker over one TCP connection, beside Ray.
+"""The direct channel: a process's calls to a broker over one TCP connection, beside Ray.
 
 An actor call through Ray costs about a millisecond of the broker's CPU and 1-3 ms of round trip
 on these machines, whatever it carries; the same call over a plain socket costs the broker under
 a tenth of that (measured: an empty call, 1.7 ms of the actor's CPU and 3.0 ms round trip
 through Ray, 0.08 ms and 0.14 ms over a socket). Busy brokers spend much of their time on calls,
-so a handle's verbs go over a connection of its own to the broker, and Ray stays what finds the
-broker, starts and restarts it, and carries a call when the connection cannot:
+so a process's handles call a broker over one connection per event loop (`Channels`), and Ray
+stays what finds the broker, starts and restarts it, and carries a call when the connection
+cannot:
 
 - The broker listens on its node's address once a client asks (`open_channel`, an actor call);
-  the answer is the address and a ticket, one use, which the client's first frame presents. A
-  connection without a valid ticket is closed, so only a client Ray let in can call.
-- A frame is a 4-byte length and a pickle: (call id, order, method, args) one way, (call id, ok,
-  result or error) the other; calls on one connection run concurrently, each answered by its id.
-  A lock holder's handle, the Ray object its owner's death is noticed by, cannot travel in a
-  pickle: the ticket carries it (through Ray), and in a frame it is named by reference.
+  the answer is the address and a ticket, one use, which the client's first frame presents (at
+  most 64 bytes before it). A connection without a valid ticket is closed, so only a client Ray
+  let in can call.
+- A frame is a 4-byte length and a pickle of plain data: (call id, order, method, the arguments'
+  own pickle) one way, (call id, status, the answer's own pickle) the other, so a call one side
+  cannot read fails alone (NOT_HERE: the broker did not run it; it goes through Ray). Calls on
+  one connection run concurrently, each answered by its id. A lock holder's handle, the Ray
+  object its owner's death is noticed by, cannot travel in a pickle: the ticket carries it
+  (through Ray), and in a call it is named by reference.
 - A call whose connection breaks (the broker restarted, its node went) goes again through Ray,
-  with its number and request id (actors.ordering), so it is applied once; the handle opens a
-  new connection later. Keepalives and a user timeout end a connection to a node that vanished
-  without a word (within about 11 s).
+  with its number and request id (actors.ordering), so it is applied once; the process's slot
+  opens a new connection on a later call. Keepalives and a user timeout end a connection to a
+  node that vanished without a word (within about 11 s).
 
-Pure asyncio and pickle; the one Ray object it names is the handle's lock-holder token.
+Pure asyncio and pickle; the one Ray object it names is the process's lock-holder token.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import pickle
 import socket
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("raybroker")
@@ -49,6 +53,10 @@ KEEPIDLE, KEEPINTVL, KEEPCNT = 5, 2, 3
 
 class ChannelBroken(Exception):
     """The connection ended before the call's answer came: send the call another way."""
+
+
+class ChannelRefused(Exception):
+    """The broker will not open channels (turned off there): calls go through Ray."""
 
 
 def _tune(sock: socket.socket | None) -> None:
@@ -135,7 +143,7 @@ class _Framed(asyncio.Protocol):
 # The broker's side ---------------------------------------------------------------------------
 
 Dispatch = Callable[[Any, str, tuple[Any, ...]], Awaitable[Any]]  # (order, method, args)
-Undelivered = Callable[[str, Any], None]  # (method, result) of a call whose answer was lost
+Undelivered = Callable[[str, Any, Any], None]  # (method, args, result) of an answer not sent
 
 
 class ChannelServer:
@@ -237,16 +245,21 @@ class _Served(_Framed):
         except Exception as exc:  # the caller's error, raised in the caller
             status, value = ERROR, exc
         try:
-            payload = _dumps(value)
+            data = _frame((call_id, status, _dumps(value)))
             if status == ERROR:
-                pickle.loads(payload)  # an error that will not unpickle cannot be raised there
-        except Exception as exc:  # an answer pickle cannot carry: say so rather than hang
-            status = ERROR
-            error = RuntimeError(f"the broker's answer to {method} cannot be sent: {exc!r}")
-            payload = _dumps(error)
-        sent = self.write(_frame((call_id, status, payload)))
+                pickle.loads(data[4:])  # an error that will not unpickle cannot be raised there
+        except Exception as exc:  # an answer that cannot travel: say so rather than hang
+            error = RuntimeError(f"the broker's answer to {method} cannot be sent: {exc!r}"[:2000])
+            data = _frame((call_id, ERROR, _dumps(error)))
+            sent = False  # what it took, if anything, does not reach the caller
+        else:
+            sent = True
+        sent = self.write(data) and sent
         if not sent and status == OK and self.server.undelivered is not None:
-            self.server.undelivered(method, value)
+            try:
+                self.server.undelivered(method, args, value)
+            except Exception:
+                log.exception("raybroker: giving back what an unanswered %s took", method)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
@@ -258,7 +271,8 @@ class _Served(_Framed):
 
 # The client's side ---------------------------------------------------------------------------
 
-Opener = Callable[[], Awaitable[tuple[str, int, str]]]  # asks the broker for (host, port, ticket)
+# asks the broker for (host, port, ticket); None: it has channels turned off
+Opener = Callable[[], Awaitable[tuple[str, int, str] | None]]
 
 
 class Channel(_Framed):
@@ -274,7 +288,11 @@ class Channel(_Framed):
 
     @classmethod
     async def open(cls, opener: Opener, holder_token: Any) -> Channel:
-        host, port, ticket = await opener()
+        """Ask the broker for a ticket and connect; `ChannelRefused` if it has channels off."""
+        answer = await opener()
+        if answer is None:
+            raise ChannelRefused("the broker has direct channels turned off")
+        host, port, ticket = answer
         loop = asyncio.get_running_loop()
         _, channel = await asyncio.wait_for(
             loop.create_connection(lambda: cls(holder_token), host, port), CONNECT_S
@@ -294,10 +312,11 @@ class Channel(_Framed):
             data = _frame((call_id, order, method, _dumps(args, self._pickler)))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ChannelBroken(f"the call cannot travel as a pickle: {exc}") from None
+        if not self.write(data):
+            raise ChannelBroken("the connection is closing")
         future = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)  # an answer nobody awaits any more is no error
         self._pending[call_id] = future
-        self.write(data)
         return future
 
     def frame(self, data: bytes) -> None:
@@ -393,6 +412,8 @@ class ChannelSlot:
             self.channel = await asyncio.wait_for(
                 Channel.open(self.opener, self.holder_token), 2 * CONNECT_S
             )
+        except ChannelRefused:
+            self.next_try = float("inf")  # not asked again
         except Exception as exc:  # calls go on through Ray
             log.debug("raybroker: no direct channel to the broker (%s); calls go through Ray", exc)
             self.next_try = time.monotonic() + RETRY_S
@@ -409,12 +430,13 @@ class ChannelSlot:
 class Channels:
     """A process's channels: one per broker per event loop, shared by every handle on that
     broker (a call carries its handle's order, so handles need no connection of their own).
-    A loop's channels close when the loop ends (`asyncio.run` cancels the task that keeps
-    them), so neither the connections nor the loop outlive it."""
+    A loop's channels close when it shuts down its async generators (`asyncio.run` does); those
+    of a loop closed without that are dropped when the next loop opens one (their sockets then
+    close as their transports are collected)."""
 
     def __init__(self) -> None:
         self._by_loop: dict[asyncio.AbstractEventLoop, dict[Any, ChannelSlot]] = {}
-        self._keepers: set[asyncio.Task] = set()
+        self._closers: dict[asyncio.AbstractEventLoop, AsyncIterator[None]] = {}
 
     def slot(self, broker: Any, holder_token: Any, opener: Opener) -> ChannelSlot:
         """The slot for `broker` (any hashable key) on the running loop, made if needed; a
@@ -422,10 +444,14 @@ class Channels:
         loop = asyncio.get_running_loop()
         slots = self._by_loop.get(loop)
         if slots is None:
+            for closed in [other for other in self._by_loop if other.is_closed()]:
+                del self._by_loop[closed]
+                self._closers.pop(closed, None)
             slots = self._by_loop[loop] = {}
-            keeper = loop.create_task(self._keep(loop))
-            self._keepers.add(keeper)
-            keeper.add_done_callback(self._keepers.discard)
+            # an async generator, not a task: the loop finalizes it at shutdown_asyncgens, and
+            # it is not among the loop's tasks (which a shutdown may gather)
+            closer = self._closers[loop] = self._close_at_end(loop)
+            loop.create_task(closer.__anext__())  # type: ignore[arg-type]
         slot = slots.get(broker)
         if slot is None or slot.holder_token is not holder_token:
             if slot is not None:
@@ -433,9 +459,10 @@ class Channels:
             slot = slots[broker] = ChannelSlot(opener, holder_token)
         return slot
 
-    async def _keep(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _close_at_end(self, loop: asyncio.AbstractEventLoop) -> AsyncIterator[None]:
         try:
-            await asyncio.Event().wait()
-        finally:  # the loop is ending
+            yield
+        finally:  # the loop is shutting down
+            self._closers.pop(loop, None)
             for slot in self._by_loop.pop(loop, {}).values():
                 slot.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import warnings
 from typing import Any
 
@@ -17,9 +18,12 @@ import ray
 from ..channel import ChannelServer
 from ..errors import BrokerError
 from ..service import BrokerService
+from .client import direct_allowed
 from .metrics import RayMetrics
 from .peers import RayPeers
 from .pools import RayReaderLauncher
+
+log = logging.getLogger("raybroker")
 
 
 class BrokerActor(BrokerService):
@@ -63,9 +67,12 @@ class BrokerActor(BrokerService):
             "channels": self._channel_counts(),
         }
 
-    async def open_channel(self, holder: list) -> tuple[str, int, str]:
+    async def open_channel(self, holder: list) -> tuple[str, int, str] | None:
         """(host, port, ticket) of a direct channel for a client (actors.channel); `holder`:
-        its lock holder's token, in a list so Ray passes it unresolved."""
+        its lock holder's token, in a list so Ray passes it unresolved. None when channels are
+        turned off here (`RAYBROKER_DIRECT=0`, or Ray's TLS): the client stops asking."""
+        if not direct_allowed():
+            return None
         if self._channels is None:
             host = ray.util.get_node_ip_address()
             self._channels = ChannelServer(self._dispatch, host, self.undelivered)
@@ -85,6 +92,7 @@ class BrokerActor(BrokerService):
             raise
         except Exception as exc:  # a fault in the broker (Ray would say RayTaskError): not
             # raised as itself, where a Ray error would read as the broker's death and be retried
+            log.exception("broker %s: %s failed", self.name, method)
             raise RuntimeError(f"broker {self.name!r} failed in {method}: {exc!r}") from None
 
     async def holder_alive(self, handle: Any) -> bool | None:

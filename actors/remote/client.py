@@ -62,6 +62,11 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
     raise exc
 
 
+def _under_lock(receive_args: Any) -> bool:
+    options = receive_args[2] if len(receive_args) > 2 else None
+    return isinstance(options, dict) and options.get("lock_id") is not None
+
+
 class _Call:
     """One call to the broker actor, over the direct channel or through Ray: numbered in its
     handle's order, retried with the same number (and request id) while the broker restarts,
@@ -86,6 +91,19 @@ class _Call:
         else:
             self.ref = b.actor.call.remote(order, self.method, *self.args)
         return self.ref
+
+    def channel_safe(self) -> bool:
+        """Whether the call may go over a channel. Not a receive under a lock its caller holds
+        (`lock_id`): if its answer were lost there with the broker alive, the retry would take
+        on after what the lost answer carried, and the commit would remove messages never seen
+        (through Ray an answer is lost only with the broker, and the lock with it)."""
+        if self.method == "receive":
+            return not _under_lock(self.args)
+        if self.batch:
+            return not any(m == "receive" and _under_lock(a) for m, a in self.args[0])
+        if self.method == "wait_take":
+            return not any(_under_lock(take) for take in self.args[2])
+        return True
 
     async def send_on(self, channel: Channel) -> Any:
         """The call over a direct channel (actors.channel); `ChannelBroken` if it cannot be
@@ -363,7 +381,7 @@ class AsyncBroker(Verbs):
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
-                    channel = self._channel()
+                    channel = self._channel() if call.channel_safe() else None
                     if channel is not None:
                         with contextlib.suppress(ChannelBroken):
                             return call.answer(await call.send_on(channel), post)
