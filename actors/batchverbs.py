@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 BATCH_VERBS = frozenset({"apply", "settle", "receive"})
 
 
+def held_lock(receive_args: Any) -> str | None:
+    """The lock a receive's arguments name as its caller's already (`lock_id`), if any."""
+    options = receive_args[2] if len(receive_args) > 2 else None
+    return options.get("lock_id") if isinstance(options, dict) else None
+
+
 class BatchVerbs:
     """Batch verbs; the service supplies the rest (`_start_*`, `_wait`, `core`, ...)."""
 
@@ -134,7 +140,7 @@ class BatchVerbs:
             receives, taken = list(args[2]), [value for ok, value in result if ok]
         else:
             return 0
-        held = {r[2].get("lock_id") for r in receives if isinstance(r[2], dict)}
+        held = {held_lock(r) for r in receives}
         ids = [
             g.lock_id
             for blob in taken

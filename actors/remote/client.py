@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ..batchverbs import BATCH_VERBS
+from ..batchverbs import BATCH_VERBS, held_lock
 from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
 from ..envelope import NOTHING_RECEIVED, unpack_received
@@ -62,11 +62,6 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
     raise exc
 
 
-def _under_lock(receive_args: Any) -> bool:
-    options = receive_args[2] if len(receive_args) > 2 else None
-    return isinstance(options, dict) and options.get("lock_id") is not None
-
-
 class _Call:
     """One call to the broker actor, over the direct channel or through Ray: numbered in its
     handle's order, retried with the same number (and request id) while the broker restarts,
@@ -98,16 +93,16 @@ class _Call:
         on after what the lost answer carried, and the commit would remove messages never seen
         (through Ray an answer is lost only with the broker, and the lock with it)."""
         if self.method == "receive":
-            return not _under_lock(self.args)
+            return held_lock(self.args) is None
         if self.batch:
-            return not any(m == "receive" and _under_lock(a) for m, a in self.args[0])
+            return all(held_lock(a) is None for m, a in self.args[0] if m == "receive")
         if self.method == "wait_take":
-            return not any(_under_lock(take) for take in self.args[2])
+            return all(held_lock(take) is None for take in self.args[2])
         return True
 
     async def send_on(self, channel: Channel) -> Any:
         """The call over a direct channel (actors.channel); `ChannelBroken` if it cannot be
-        sent or answered there (then it goes again, as itself: through Ray, or a new channel)."""
+        sent or answered there (then it goes again, as itself, through Ray)."""
         method, args = ("calls", self.args) if self.batch else (self.method, self.args)
         self.ref = answer = channel.send(self.broker.issuer.order(self.seq), method, args)
         # shielded: a caller that leaves does not cancel the answer, which the order waits for
@@ -146,8 +141,9 @@ class _Call:
         return delay  # the actor is restarting
 
     def close(self) -> None:
-        """A call is answered when Ray has its reply: one interrupted before (KeyboardInterrupt,
-        a cancelled coroutine) may still run, so the order's floor must not pass it until then."""
+        """A call is answered when its reply has come (Ray's, or the channel's): one interrupted
+        before (KeyboardInterrupt, a cancelled coroutine) may still run, so the order's floor
+        must not pass it until then."""
         issuer, seq, ref = self.broker.issuer, self.seq, self.ref
         if ref is None or (isinstance(ref, asyncio.Future) and ref.done()):
             issuer.answered(seq)
@@ -201,8 +197,8 @@ class Broker(Verbs):
             with self._batch_lock:
                 self._batch_callers += 1
                 entered, alone = True, self._batch_callers == 1
-            # straight to the broker: the hop to the call loop costs a lone caller; and a call
-            # made on the call loop itself cannot wait for that loop
+            # not coalesced: a lone caller would only wait for the batch; and a call made on
+            # the call loop itself cannot wait for that loop
             if alone or threading.current_thread() is _loop_thread:
                 return self._direct(method, args, post)
             # other threads are calling too: coalesced with theirs, as `aio` coalesces
@@ -213,7 +209,7 @@ class Broker(Verbs):
                     self._batch_callers -= 1
 
     def _direct(self, method: str, args: tuple[Any, ...], post: Callable[[Any], Any] | None) -> Any:
-        if self.direct and threading.current_thread() is not _loop_thread:
+        if self.direct and direct_allowed() and threading.current_thread() is not _loop_thread:
             # over the call loop's direct channel (a hop between threads costs far less than
             # the Ray call it saves); the loop's own thread cannot wait for itself
             return _on_call_loop(self.aio.one_call(method, args, post))
