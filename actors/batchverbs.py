@@ -1,24 +1,40 @@
-"""The entry points of a client's coalesced calls (see actors.coalesce), which `BrokerService`
-inherits: a batch of apply / settle / receive calls started together, their changes in one group
-commit, each answered on its own; and `wait_take`, which a client's waiting receives share."""
+"""The entry points of a client's calls, which `BrokerService` inherits: `call` (one verb),
+`dispatch` (a call that came over a direct channel), `calls` (a coalesced batch, see
+actors.coalesce: apply / settle / receive calls started together, their changes in one group
+commit, each answered on its own) and `wait_take`, which a client's waiting receives share.
+Each starts in its client's order (actors.ordering); one that may take locks runs once however
+often it arrives (actors.replies)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from . import checks
 from .envelope import NOTHING_RECEIVED as NOTHING
 from .envelope import pack_received, unpack_ops, unpack_received
-from .errors import InvalidArgument
+from .errors import BrokerError, InvalidArgument
 from .ordering import Order
+from .replies import LOCKING, Replies, takes_locks
 
 if TYPE_CHECKING:
     from .core import BrokerCore
     from .holders import LockHolders
     from .metrics import MetricsSink
     from .ordering import Sequencer
+
+log = logging.getLogger("raybroker")
+
+# What a client handle may ask for through `call` (the Verbs' methods); anything else is refused.
+CLIENT_VERBS = frozenset(
+    {
+        "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
+        "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
+        "view", "info", "wait_take", "give_back",
+    }
+)  # fmt: skip
 
 # What a batch may hold: the verbs that never wait there.
 BATCH_VERBS = frozenset({"apply", "settle", "receive"})
@@ -31,12 +47,41 @@ def held_lock(receive_args: Any) -> str | None:
 
 
 class BatchVerbs:
-    """Batch verbs; the service supplies the rest (`_start_*`, `_wait`, `core`, ...)."""
+    """The entry points; the service supplies the rest (`verb`, `_start_*`, `_wait`, `core`)."""
 
     core: BrokerCore
     holders: LockHolders
     metrics: MetricsSink | None
     _order: Sequencer
+    replies: Replies
+    name: str
+
+    async def call(self, order: Order, method: str, *args: Any) -> Any:
+        """A client handle's call: `method(*args)`, started once the client's earlier calls have
+        started (see actors.ordering), so several in flight still apply in the order issued."""
+        if type(method) is not str or method not in CLIENT_VERBS:
+            raise InvalidArgument(
+                f"{method!r} is not a broker verb; use one of {sorted(CLIENT_VERBS)}"
+            )
+        await self._order.turn(order)
+        self.replies.passed(order[0], order[2])
+        if method in LOCKING:
+            return await self.replies.once(order, lambda: self.verb(method, *args))
+        return await self.verb(method, *args)
+
+    async def dispatch(self, order: Order, method: str, args: tuple[Any, ...]) -> Any:
+        """A call that came over a direct channel (actors.channel): a batch (`calls`) or a
+        verb, as it would have come through Ray."""
+        try:
+            if method == "calls":
+                return await self.calls(order, *args)
+            return await self.call(order, method, *args)
+        except BrokerError:
+            raise
+        except Exception as exc:  # a fault in the broker (Ray would say RayTaskError): not
+            # raised as itself, where a Ray error would read as the broker's death and be retried
+            log.exception("broker %s: %s failed", self.name, method)
+            raise RuntimeError(f"broker {self.name!r} failed in {method}: {exc!r}") from None
 
     async def calls(self, order: Order, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
         """A client's coalesced calls (see actors.coalesce): each (method, args) of
@@ -46,6 +91,12 @@ class BatchVerbs:
         if not isinstance(batch, list | tuple):
             raise InvalidArgument(f"a batch of calls must be a list, not {type(batch).__name__}")
         await self._order.turn(order)
+        self.replies.passed(order[0], order[2])
+        if takes_locks("calls", (batch,)):  # run once, however often it arrives
+            return await self.replies.once(order, lambda: self._calls(batch))
+        return await self._calls(batch)
+
+    async def _calls(self, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
         started = time.perf_counter()
         answers = [self._start_batched(entry) for entry in batch]  # all in one group commit
         out: list[tuple[bool, Any]] = []
@@ -123,12 +174,16 @@ class BatchVerbs:
         except Exception as exc:  # this receive's error; the others take on
             return False, exc
 
-    def undelivered(self, method: str, args: Any, result: Any) -> int:
+    def undelivered(self, order: Any, method: str, args: Any, result: Any) -> int:
         """A call whose answer never reached its client (its direct channel ended: the client
         sends the call again through Ray) gives back the locks it made, or the retry's take
         would find those groups locked until their lease ran out (and that rollback would count
-        toward poison). A receive under a lock the client already held (`lock_id`) made none:
-        that lock is the client's, and stays. Returns how many locks were given back."""
+        toward poison). Not when another arrival of the same call has its answer (actors.replies:
+        the client holds those locks now). A receive under a lock the client already held
+        (`lock_id`) made none: that lock is the client's, and stays. Returns how many locks
+        were given back."""
+        if not self.replies.lost(order):
+            return 0  # another arrival of the call has its answer: what it took is the client's
         if method == "get_conversation_group":
             return self.core.give_back([result[1]]) if result else 0
         if method == "receive":

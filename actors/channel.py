@@ -143,7 +143,7 @@ class _Framed(asyncio.Protocol):
 # The broker's side ---------------------------------------------------------------------------
 
 Dispatch = Callable[[Any, str, tuple[Any, ...]], Awaitable[Any]]  # (order, method, args)
-Undelivered = Callable[[str, Any, Any], None]  # (method, args, result) of an answer not sent
+Undelivered = Callable[[Any, str, Any, Any], None]  # (order, method, args, result) not sent
 
 
 class ChannelServer:
@@ -257,7 +257,7 @@ class _Served(_Framed):
         sent = self.write(data) and sent
         if not sent and status == OK and self.server.undelivered is not None:
             try:
-                self.server.undelivered(method, args, value)
+                self.server.undelivered(order, method, args, value)
             except Exception:
                 log.exception("raybroker: giving back what an unanswered %s took", method)
 

@@ -5,9 +5,10 @@ submitted (a call whose arguments come through the object store can overtake an 
 a producer pipelining sends on one conversation would see them applied out of order. The client
 and the broker therefore keep a per-client sequence, as Kafka's idempotent producer does:
 
-- The client handle (`Issuer`) has a random id and numbers every call 0, 1, 2, ... as it issues
-  it. With each call it sends its `floor`: the lowest number among its calls not yet answered
-  (this one included), so the broker knows every call below it is done.
+- The client handle (`Issuer`) has a random id (a new one in a forked child) and numbers every
+  call 0, 1, 2, ... as it issues it. With each call it sends its `floor`: the lowest number
+  among its calls not yet answered (this one included), so the broker knows every call below it
+  is done.
 - The broker (`Sequencer`) starts call n of a client once call n-1 has started. On one event loop
   a call runs alone until it first waits, and apply, settle and receive's settle-and-take make
   their change before any wait, so starting in order is applying in order. A call that waits
@@ -51,12 +52,15 @@ class Issuer:
 
     def __init__(self) -> None:
         self.client = os.urandom(8).hex()
+        self._pid = os.getpid()
         self._next = 0
         self._open: dict[int, None] = {}  # unanswered numbers, in issue order (so first = lowest)
         self._lock = threading.Lock()
 
     def issue(self) -> int:
         """A number for a new call; it is unanswered until `answered`."""
+        if self._pid != os.getpid():
+            self._forked()
         with self._lock:
             seq = self._next
             self._next += 1
@@ -71,6 +75,15 @@ class Issuer:
     def answered(self, seq: int) -> None:
         with self._lock:
             self._open.pop(seq, None)
+
+    def _forked(self) -> None:
+        """In a child forked from the process that made this issuer: a client of its own. Two
+        processes with one id would take each other's calls for retries (actors.replies would
+        even hand one the other's received messages); the parent's calls in flight are not
+        this process's to wait for."""
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        self.client, self._pid = os.urandom(8).hex(), os.getpid()
+        self._open = {}
 
 
 def check_order(order: object) -> Order:

@@ -42,7 +42,8 @@ from .errors import (
 from .groupcommit import GroupCommit
 from .holders import Holder, LockHolders
 from .metrics import SAMPLE_EVERY_S, MetricsSink
-from .ordering import Order, Sequencer
+from .ordering import Sequencer
+from .replies import Replies
 from .routeverbs import RouteVerbs
 from .store import Store
 from .transport import Outbound, Peers
@@ -55,15 +56,6 @@ log = logging.getLogger("raybroker")
 FAILPOINTS = frozenset({"exit_after_commit"})
 
 Settle = tuple[list[str], list[str], Sequence[Op], Mapping[str, bytes | None], str | None]
-
-# What a client handle may ask for through `call` (the Verbs' methods); anything else is refused.
-CLIENT_VERBS = frozenset(
-    {
-        "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
-        "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
-        "view", "info", "wait_take", "give_back",
-    }
-)  # fmt: skip
 
 
 def check_name_and_path(name: Any, path: Any) -> None:
@@ -106,6 +98,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
     ) -> None:
         # first: a broker whose store did not open still answers `info` through `call`
         self._order = Sequencer()  # each client's calls start in the order it issued them
+        self.replies = Replies()  # a lock-taking call runs once, however often it arrives
         self.started = time.time()
         self.metrics = metrics
         check_name_and_path(name, path)
@@ -258,16 +251,6 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         return InternalPort(self)
 
     # --- verbs (each one core call, one transaction) --------------------------------------------
-
-    async def call(self, order: Order, method: str, *args: Any) -> Any:
-        """A client handle's call: `method(*args)`, started once the client's earlier calls have
-        started (see actors.ordering), so several in flight still apply in the order issued."""
-        if type(method) is not str or method not in CLIENT_VERBS:
-            raise InvalidArgument(
-                f"{method!r} is not a broker verb; use one of {sorted(CLIENT_VERBS)}"
-            )
-        await self._order.turn(order)
-        return await self.verb(method, *args)
 
     async def verb(self, method: str, *args: Any) -> Any:
         """Run one verb, timed for the metrics sink (the in-process handle calls this)."""

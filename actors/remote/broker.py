@@ -75,25 +75,13 @@ class BrokerActor(BrokerService):
             return None
         if self._channels is None:
             host = ray.util.get_node_ip_address()
-            self._channels = ChannelServer(self._dispatch, host, self.undelivered)
+            self._channels = ChannelServer(self.dispatch, host, self.undelivered)
         return await self._channels.ticket(holder[0])
 
     def _channel_counts(self) -> dict[str, int]:
         """Direct channels open now, and the calls they have carried."""
         c = self._channels
         return {"open": 0, "calls": 0} if c is None else {"open": c.connections, "calls": c.calls}
-
-    async def _dispatch(self, order: Any, method: str, args: tuple[Any, ...]) -> Any:
-        try:
-            if method == "calls":
-                return await self.calls(order, *args)
-            return await self.call(order, method, *args)
-        except BrokerError:
-            raise
-        except Exception as exc:  # a fault in the broker (Ray would say RayTaskError): not
-            # raised as itself, where a Ray error would read as the broker's death and be retried
-            log.exception("broker %s: %s failed", self.name, method)
-            raise RuntimeError(f"broker {self.name!r} failed in {method}: {exc!r}") from None
 
     async def holder_alive(self, handle: Any) -> bool | None:
         """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its

@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ..batchverbs import BATCH_VERBS, held_lock
+from ..batchverbs import BATCH_VERBS
 from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
 from ..envelope import NOTHING_RECEIVED, unpack_received
@@ -86,19 +86,6 @@ class _Call:
         else:
             self.ref = b.actor.call.remote(order, self.method, *self.args)
         return self.ref
-
-    def channel_safe(self) -> bool:
-        """Whether the call may go over a channel. Not a receive under a lock its caller holds
-        (`lock_id`): if its answer were lost there with the broker alive, the retry would take
-        on after what the lost answer carried, and the commit would remove messages never seen
-        (through Ray an answer is lost only with the broker, and the lock with it)."""
-        if self.method == "receive":
-            return held_lock(self.args) is None
-        if self.batch:
-            return all(held_lock(a) is None for m, a in self.args[0] if m == "receive")
-        if self.method == "wait_take":
-            return all(held_lock(take) is None for take in self.args[2])
-        return True
 
     async def send_on(self, channel: Channel) -> Any:
         """The call over a direct channel (actors.channel); `ChannelBroken` if it cannot be
@@ -377,7 +364,7 @@ class AsyncBroker(Verbs):
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
                 try:
-                    channel = self._channel() if call.channel_safe() else None
+                    channel = self._channel()
                     if channel is not None:
                         with contextlib.suppress(ChannelBroken):
                             return call.answer(await call.send_on(channel), post)

@@ -234,7 +234,7 @@ def test_a_call_whose_answer_cannot_be_sent_is_handed_to_undelivered():
             await pending
         return lost
 
-    assert asyncio.run(main()) == [("slow", ("took",), ("slow", ("took",)))]
+    assert asyncio.run(main()) == [(("c", 0, 0), "slow", ("took",), ("slow", ("took",)))]
 
 
 def test_before_its_ticket_a_connection_may_not_send_a_large_frame(monkeypatch):
@@ -318,20 +318,20 @@ def test_the_broker_gives_back_what_an_undelivered_answer_took_without_poison(tm
         for _ in range(3):
             order = issuer.order(issuer.issue())
             blob = await service.receive("T", 0.0, options, owner)
-            given.append(service.undelivered("receive", ("T", 0.0, options, owner), blob))
+            given.append(service.undelivered(None, "receive", ("T", 0.0, options, owner), blob))
             batch = [("receive", ("T", 0.0, options, owner, None, None))]
             [(ok, value)] = await service.calls(order, batch)
-            given.append(service.undelivered("calls", (batch,), [(ok, value)]))
+            given.append(service.undelivered(order, "calls", (batch,), [(ok, value)]))
             found = await service.get_conversation_group("T", 0.0, None, owner)
-            given.append(service.undelivered("get_conversation_group", (), found))
-        assert service.undelivered("apply", (), {"handles": []}) == 0  # took nothing
+            given.append(service.undelivered(None, "get_conversation_group", (), found))
+        assert service.undelivered(None, "apply", (), {"handles": []}) == 0  # took nothing
         # a receive under a lock the client already holds made no lock: it keeps its lock
         group_id, lock_id = await service.get_conversation_group("T", 0.0, None, owner)
         under = dict(options, lock_id=lock_id)
         blob = await service.receive("T", 0.0, under, owner)
-        kept = service.undelivered("receive", ("T", 0.0, under, owner), blob)
+        kept = service.undelivered(None, "receive", ("T", 0.0, under, owner), blob)
         locked = unpack_received(await service.receive("T", 0.0, options, owner))
-        given.append(service.undelivered("get_conversation_group", (), (group_id, lock_id)))
+        given.append(service.undelivered(None, "get_conversation_group", (), (group_id, lock_id)))
         last = unpack_received(await service.receive("T", 0.0, options, owner))
         queues = await service.view("queues", {})
         await service.close()

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from actors import LocalBroker, Queue, Send, Service, verbs
+from actors.batchverbs import CLIENT_VERBS
 from actors.envelope import Begin, pack_ops
 from actors.errors import InvalidArgument
 from actors.ordering import Issuer, Sequencer, check_order
-from actors.service import CLIENT_VERBS
 from tests.fakes import FakeClock
 
 
@@ -223,6 +223,27 @@ def test_the_issuer_is_safe_to_share_between_threads():
         t.join()
     assert sorted(got) == list(range(8000))
     assert issuer.order(issuer.issue())[2] == 8000
+
+
+def test_a_forked_child_numbers_its_calls_as_a_client_of_its_own():
+    """Parent and child sharing one client id would take each other's calls for retries."""
+    import multiprocessing
+
+    issuer = Issuer()
+    issuer.issue()  # in flight at the fork: the parent's, not the child's
+    ctx = multiprocessing.get_context("fork")
+    parent_end, child_end = ctx.Pipe()
+
+    def child() -> None:
+        child_end.send(issuer.order(issuer.issue()))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    client, seq, floor = parent_end.recv()
+    proc.join(10)
+    assert client != issuer.client
+    assert floor == seq  # the parent's unanswered call does not hold the child's floor
+    assert issuer.order(issuer.issue())[0] == issuer.client  # the parent's id is unchanged
 
 
 def _constant_args(source: str, callee: str, at: int) -> set[str]:
