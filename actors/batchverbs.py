@@ -176,31 +176,33 @@ class BatchVerbs:
 
     def undelivered(self, order: Any, method: str, args: Any, result: Any) -> int:
         """A call whose answer never reached its client (its direct channel ended: the client
-        sends the call again through Ray) gives back the locks it made, or the retry's take
-        would find those groups locked until their lease ran out (and that rollback would count
-        toward poison). Not when another arrival of the same call has its answer (actors.replies:
-        the client holds those locks now). A receive under a lock the client already held
-        (`lock_id`) made none: that lock is the client's, and stays. Returns how many locks
+        sends the call again) gives back the locks it made, or the retry's take would find
+        those groups locked until their lease ran out (and that rollback would count toward
+        poison). Not when another arrival of the same call has its answer (actors.replies: the
+        client holds those locks now), nor when a receive in it read under a lock the client
+        already held (`lock_id`): that read moved the client's lock on, which giving back
+        cannot undo, so the answer stays kept for the call's retry. Returns how many locks
         were given back."""
-        if not self.replies.lost(order):
-            return 0  # another arrival of the call has its answer: what it took is the client's
         if method == "get_conversation_group":
-            return self.core.give_back([result[1]]) if result else 0
-        if method == "receive":
-            receives, taken = [args], [result]
-        elif method == "calls":
-            receives = [a for m, a in args[0] if m == "receive"]
-            taken = [value for ok, value in result if ok]
-        elif method == "wait_take":
-            receives, taken = list(args[2]), [value for ok, value in result if ok]
+            receives, ids = [], [result[1]] if result else []
+        elif method in ("receive", "calls", "wait_take"):
+            if method == "receive":
+                receives, taken = [args], [result]
+            elif method == "calls":
+                receives = [a for m, a in args[0] if m == "receive"]
+                taken = [value for ok, value in result if ok]
+            else:
+                receives, taken = list(args[2]), [value for ok, value in result if ok]
+            ids = [
+                g.lock_id
+                for blob in taken
+                if isinstance(blob, bytes) and blob != NOTHING
+                for g in unpack_received(blob)
+            ]
         else:
             return 0
-        held = {held_lock(r) for r in receives}
-        ids = [
-            g.lock_id
-            for blob in taken
-            if isinstance(blob, bytes) and blob != NOTHING
-            for g in unpack_received(blob)
-            if g.lock_id not in held
-        ]
+        if any(held_lock(r) is not None for r in receives):
+            return 0
+        if not self.replies.lost(order):
+            return 0  # another arrival of the call has its answer: what it took is the client's
         return self.core.give_back(ids) if ids else 0

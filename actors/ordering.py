@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from .errors import InvalidArgument
@@ -52,15 +53,13 @@ class Issuer:
 
     def __init__(self) -> None:
         self.client = os.urandom(8).hex()
-        self._pid = os.getpid()
         self._next = 0
         self._open: dict[int, None] = {}  # unanswered numbers, in issue order (so first = lowest)
         self._lock = threading.Lock()
+        _issuers.add(self)
 
     def issue(self) -> int:
         """A number for a new call; it is unanswered until `answered`."""
-        if self._pid != os.getpid():
-            self._forked()
         with self._lock:
             seq = self._next
             self._next += 1
@@ -76,14 +75,25 @@ class Issuer:
         with self._lock:
             self._open.pop(seq, None)
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a child forked from the process that made this issuer: a client of its own. Two
         processes with one id would take each other's calls for retries (actors.replies would
         even hand one the other's received messages); the parent's calls in flight are not
         this process's to wait for."""
         self._lock = threading.Lock()  # the parent's may have been held at the fork
-        self.client, self._pid = os.urandom(8).hex(), os.getpid()
+        self.client = os.urandom(8).hex()
         self._open = {}
+
+
+_issuers: weakref.WeakSet[Issuer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for issuer in list(_issuers):
+        issuer.forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def check_order(order: object) -> Order:

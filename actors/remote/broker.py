@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import warnings
 from typing import Any
 
@@ -22,8 +21,6 @@ from .client import direct_allowed
 from .metrics import RayMetrics
 from .peers import RayPeers
 from .pools import RayReaderLauncher
-
-log = logging.getLogger("raybroker")
 
 
 class BrokerActor(BrokerService):

@@ -165,7 +165,7 @@ def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broke
 
 
 def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, orders_broker):
-    df = orders_frame(spark, 200_000, 50)
+    df = orders_frame(spark, 100_000, 50)
     killed: list[int] = []
 
     def kill_first_sender(view):  # the real process sending to the broker, SIGKILLed
@@ -195,9 +195,9 @@ def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, or
     )
 
     assert killed, "the ingest ended before a sender could be killed"
-    assert rerun.rows == 200_000
+    assert rerun.rows == 100_000
     got = drain(orders_broker)
-    assert len(got) == 200_000 and len({o["id"] for o in got}) == 200_000
+    assert len(got) == 100_000 and len({o["id"] for o in got}) == 100_000
     result = reconcile(
         audit_frame(spark, orders_broker), df, ingest_id="killed-1", key="customer", order="ts"
     )
@@ -205,7 +205,7 @@ def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, or
         0,
         0,
         0,
-        200_000,
+        100_000,
     )
 
 

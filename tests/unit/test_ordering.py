@@ -239,8 +239,10 @@ def test_a_forked_child_numbers_its_calls_as_a_client_of_its_own():
 
     proc = ctx.Process(target=child)
     proc.start()
+    assert parent_end.poll(10), "the child did not answer"
     client, seq, floor = parent_end.recv()
     proc.join(10)
+    assert proc.exitcode == 0
     assert client != issuer.client
     assert floor == seq  # the parent's unanswered call does not hold the child's floor
     assert issuer.order(issuer.issue())[0] == issuer.client  # the parent's id is unchanged
