@@ -17,7 +17,7 @@ from .envelope import NOTHING_RECEIVED as NOTHING
 from .envelope import pack_received, unpack_ops, unpack_received
 from .errors import BrokerError, InvalidArgument
 from .ordering import Order
-from .replies import LOCKING, Replies, takes_locks
+from .replies import Replies, takes_locks
 
 if TYPE_CHECKING:
     from .core import BrokerCore
@@ -65,7 +65,7 @@ class BatchVerbs:
             )
         await self._order.turn(order)
         self.replies.passed(order[0], order[2])
-        if method in LOCKING:
+        if takes_locks(method, args):  # run once, however often it arrives
             return await self.replies.once(order, lambda: self.verb(method, *args))
         return await self.verb(method, *args)
 
