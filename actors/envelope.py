@@ -6,7 +6,6 @@ operations, or many received groups) is one msgpack blob, so one actor call carr
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,6 +18,7 @@ from .bodies import shown
 from .catalog import DEFAULT, ERROR, check_name
 from .dialogs import check_error, parse_error_body
 from .errors import InvalidArgument, InvalidDefinition
+from .ids import new_uuid
 from .packing import packb
 from .routing import check_broker_id
 
@@ -56,7 +56,7 @@ class Begin:
     from_service: str
     to_service: str
     contract: str = DEFAULT
-    handle: str = field(default_factory=lambda: str(uuid.uuid4()))
+    handle: str = field(default_factory=new_uuid)
     to_broker: str | None = None
     related_conversation: str | None = None
     related_group: str | None = None

@@ -8,8 +8,6 @@ methods. `BrokerHandle` is the typed surface both implement. Plain Python, no Ra
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +26,7 @@ from .envelope import (
     unpack_received,
 )
 from .errors import InvalidArgument, InvalidDefinition
+from .ids import new_request_id
 from .limits import Limits
 
 LockRef = ReceivedGroup | str  # a received group, or its lock id
@@ -46,14 +45,6 @@ def lock_ids(groups: Iterable[LockRef] | LockRef) -> list[str]:
         else:
             raise InvalidArgument(f"expected received groups or lock ids, got {type(g).__name__}")
     return out
-
-
-def new_request_id() -> str:
-    """A fresh request id: the time in nanoseconds, then 64 random bits (32 hex digits, like a
-    uuid's). Time first, so the broker's request records are appended at the end of their index
-    rather than scattered over it: a group commit then writes a few pages of it, not one per
-    call."""
-    return f"{time.time_ns():016x}{random.getrandbits(64):016x}"  # random: reseeded on fork
 
 
 def _request_id(request_id: str | None) -> str:

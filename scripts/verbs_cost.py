@@ -28,9 +28,9 @@ from actors import Begin, Queue, Send, Service
 from actors.catalog import kind_of, to_record
 from actors.coalesce import holders_once
 from actors.envelope import pack_ops, unpack_received
+from actors.ids import new_request_id
 from actors.ordering import Issuer
 from actors.service import BrokerService
-from actors.verbs import new_request_id
 
 CONVERSATIONS = 100  # messages per round
 WARMUP = 20

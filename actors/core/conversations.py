@@ -3,7 +3,6 @@ applied in order inside one unit of work (a batch, or a commit's operations)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from ..errors import (
     GroupLocked,
     InvalidArgument,
 )
+from ..ids import new_uuid
 from ..routing import balance
 from .delivery import Delivery
 from .work import Changes, Part, UnitOfWork
@@ -97,7 +97,7 @@ class Conversations(Part):
                 f"service {svc.name!r} uses queue {svc.queue!r}; a group holds dialogs of one "
                 "queue"
             )
-        conversation_id = op.conversation_id or str(uuid.uuid4())
+        conversation_id = op.conversation_id or new_uuid()
         if (conversation_id, True) in st.conversations:
             raise InvalidArgument(
                 f"conversation id {conversation_id!r} is already a dialog on this broker; "

@@ -7,7 +7,6 @@ transmission queue when the far side is elsewhere (or not reachable yet).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 
 from ..catalog import ECHO, ECHO_CONTRACT, ERROR, Service
@@ -21,6 +20,7 @@ from ..dialogs import (
     on_arrival,
 )
 from ..errors import ContractViolation
+from ..ids import new_uuid
 from ..readcache import ROW_OVERHEAD
 from ..routing import Hop, Match, next_hops
 from .work import Arrived, Changes, Part, Removed
@@ -111,7 +111,7 @@ class Delivery(Part):
         st = self.state
         return st.new_endpoint(
             w,
-            handle=str(uuid.uuid4()),
+            handle=new_uuid(),
             conversation_id=conversation_id,
             is_initiator=False,
             service=svc.name,

@@ -9,7 +9,6 @@ inside a unit of work (`actors.core.work`), which can undo what a failed verb di
 from __future__ import annotations
 
 import heapq
-import uuid
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -17,6 +16,7 @@ from ..catalog import Catalog, from_record
 from ..counters import Counts
 from ..dialogs import Endpoint, State
 from ..errors import ConversationNotFound, InvalidArgument
+from ..ids import new_uuid
 from ..limits import Limits
 from ..locks import LockTable, QueueIndex
 from ..poison import PoisonCounter
@@ -159,7 +159,7 @@ class BrokerState:
             g.members -= 1
 
     def new_group(self, w: Changes, queue: str, group_id: str | None = None) -> int:
-        g = Group(self.next_group, group_id or str(uuid.uuid4()), queue)
+        g = Group(self.next_group, group_id or new_uuid(), queue)
         self.next_group += 1
         self.add_group(g)
         w.new_groups.append(g)

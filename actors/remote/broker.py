@@ -22,6 +22,8 @@ from .metrics import RayMetrics
 from .peers import RayPeers
 from .pools import RayReaderLauncher
 
+GC_THRESHOLDS = (10_000, 20, 100)  # gc.set_threshold: a young pass per 10,000 new objects
+
 
 class BrokerActor(BrokerService):
     """One broker. Created through `actors.remote.factory.start_broker`, which applies
@@ -54,6 +56,11 @@ class BrokerActor(BrokerService):
         # tens of milliseconds, several times a second under load (measured: gen-2 passes of
         # 55 ms over 138k objects, 6-14 ms once frozen). This process is the broker's alone.
         gc.freeze()
+        # A busy broker's calls make and drop thousands of short-lived objects per batch: at
+        # Python's default (a young pass per 700 new objects) the collector took 7% of its CPU
+        # (measured in one process, frozen as here, 100 one-message clients: 0.36 s of 5.2;
+        # 5% fewer instructions per message at 10,000).
+        gc.set_threshold(*GC_THRESHOLDS)
         self._channels: ChannelServer | None = None  # listening once a client asks
 
     async def info(self) -> dict[str, Any]:

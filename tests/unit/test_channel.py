@@ -300,9 +300,9 @@ def test_the_broker_gives_back_what_an_undelivered_answer_took_without_poison(tm
     from actors import Begin, Queue, Send, Service
     from actors.catalog import kind_of, to_record
     from actors.envelope import pack_ops, unpack_received
+    from actors.ids import new_request_id
     from actors.ordering import Issuer
     from actors.service import BrokerService
-    from actors.verbs import new_request_id
 
     options = {"max_groups": 1, "top": None, "group_id": None, "handle": None, "lease_s": None}
     owner = ("holder-1", [None])

@@ -14,9 +14,9 @@ from actors.coalesce import holders_once
 from actors.envelope import pack_ops, unpack_received
 from actors.errors import InvalidArgument
 from actors.holders import LockHolders
+from actors.ids import new_request_id
 from actors.ordering import Issuer
 from actors.service import BrokerService
-from actors.verbs import new_request_id
 
 HANDLE = ["token"]  # stands for the Ray object the broker watches a holder by
 

@@ -17,6 +17,7 @@ from actors import LocalBroker, Queue, Send, Service, verbs
 from actors.batchverbs import CLIENT_VERBS
 from actors.envelope import Begin, pack_ops
 from actors.errors import InvalidArgument
+from actors.ids import new_request_id
 from actors.ordering import Issuer, Sequencer, check_order
 from tests.fakes import FakeClock
 
@@ -270,7 +271,7 @@ def test_the_broker_takes_through_call_exactly_the_verbs_a_handle_calls():
 
 
 def _apply(b: LocalBroker, order, ops) -> asyncio.Future:
-    coro = b.service.call(order, "apply", pack_ops(ops), verbs.new_request_id())
+    coro = b.service.call(order, "apply", pack_ops(ops), new_request_id())
     return asyncio.run_coroutine_threadsafe(coro, b.loop)
 
 

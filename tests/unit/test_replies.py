@@ -199,8 +199,8 @@ def broker(tmp_path):
     from actors import Begin, Queue, Send, Service
     from actors.catalog import kind_of, to_record
     from actors.envelope import pack_ops
+    from actors.ids import new_request_id
     from actors.service import BrokerService
-    from actors.verbs import new_request_id
 
     async def make():
         service = BrokerService("b", str(tmp_path / "b.sqlite"))

@@ -502,7 +502,7 @@ def test_prune_requests_forgets_all_when_all_are_old(store):
 
 
 def test_request_ids_are_unique_and_ordered_by_time():
-    from actors.verbs import new_request_id
+    from actors.ids import new_request_id
 
     ids = [new_request_id() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == 32 for i in ids)
