@@ -4,22 +4,27 @@ process, the raw SQLite work the broker cannot avoid: the same rows inserted in 
 into the same table and index, then selected by group and deleted. And a producer whose every
 call sends on every dialog, serial and then pipelined: the broker applies one client's calls in
 the order issued (actors.ordering), and the ratio of the two rows is what pipelining still buys.
+Last, Service Broker's everyday shape: a dialog per message, begun, ended by the target, ended by
+the initiator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import sqlite3
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 
 import psutil
 
-from .. import Begin, Queue, Send, Service, start_broker
+from .. import Begin, End, Queue, Send, Service, start_broker
 from ..audit import read_all
+from ..envelope import ReceivedGroup
 from ..remote.client import Broker
 from ..remote.runtime import ensure_ray
 from ..store import SCHEMA
@@ -97,6 +102,11 @@ def run(
                     notes=f"{piped / serial:.2f}x serial; {note}",
                 )
             )
+            dialogs = max(ONE_SHOT_PER_CALL, messages // 10)
+            progress(f"raybroker: one dialog per message ({dialogs:,} dialogs)")
+            one_shot = asyncio.run(dialog_per_message(broker, dialogs, body))
+            one_shot.notes += f"; {one_shot.messages_per_s / e2e:.2f}x end-to-end's messages/s"
+            report.rows.append(one_shot)
         finally:
             broker.stop()
         progress("raw-sqlite: the same rows, inserted, selected by group, deleted")
@@ -212,6 +222,79 @@ async def _shared(broker, handles, messages, batch, body, inflight, max_groups, 
     rate = calls * per * len(handles) / (time.perf_counter() - t0)
     await receive_all(broker, calls * per * len(handles), max_groups, readers)
     return rate
+
+
+ONE_SHOT_PER_CALL = 500  # one dialog per message: dialogs begun (each with its message) per call
+ONE_SHOT_GROUPS = 100  # groups (here: dialogs) one receive takes at most
+ONE_SHOT_OPEN = 2_000  # the producer begins more only while fewer dialogs than this are open
+
+
+async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
+    """Service Broker's everyday shape: every message on a dialog of its own. Each producer call
+    begins ONE_SHOT_PER_CALL dialogs and sends one message on each; the target's reader receives
+    and ends each dialog in its commit; the initiator's reader receives the EndDialog and ends
+    its side. The producer keeps fewer than ONE_SHOT_OPEN dialogs open (begun, their EndDialog
+    not yet received), as a steady load would. The rate is dialogs per second, from the first
+    call until the last EndDialog is received; the notes give it over the first and the last
+    fifth of the dialogs too (each dialog adds two endpoints and two groups to the store and to
+    the broker's memory, which must not slow the later ones down)."""
+    broker.create(Queue("OneShotInit"))
+    broker.create(Queue("OneShotTarget"))
+    broker.create(Service("OneShotInitiator", "OneShotInit"))
+    broker.create(Service("OneShotTarget", "OneShotTarget", ["DEFAULT"]))
+    seen: list[int] = []  # the producer's numbers, as the target received them
+    ended_at: list[float] = []  # when each EndDialog reached the initiator
+    ended = asyncio.Event()  # set when more EndDialogs came
+
+    async def produce() -> None:
+        for first in range(0, dialogs, ONE_SHOT_PER_CALL):
+            while first - len(ended_at) >= ONE_SHOT_OPEN - ONE_SHOT_PER_CALL:
+                ended.clear()
+                await ended.wait()
+            ops: list[Begin | Send] = []
+            for n in range(first, min(first + ONE_SHOT_PER_CALL, dialogs)):
+                begin = Begin("OneShotInitiator", "OneShotTarget")
+                ops += [begin, Send(begin.handle, "DEFAULT", [n.to_bytes(8, "big") + body])]
+            await broker.aio.apply(ops)
+
+    async def end_each(queue: str, took: Callable[[list[ReceivedGroup]], None]) -> None:
+        groups: list[ReceivedGroup] = []
+        while True:
+            ends = [End(m.conversation_handle) for g in groups for m in g.messages]
+            if len(ended_at) >= dialogs:  # every dialog is over: end what was taken last
+                if groups:
+                    await broker.aio.commit(groups, ops=ends)
+                return
+            groups = await broker.aio.receive(
+                queue, max_groups=ONE_SHOT_GROUPS, wait=0.2, commit=groups, ops=ends
+            )
+            took(groups)
+
+    def at_target(groups: list[ReceivedGroup]) -> None:
+        seen.extend(int.from_bytes(m.body[:8], "big") for g in groups for m in g.messages)
+
+    def at_initiator(groups: list[ReceivedGroup]) -> None:
+        ended_at.extend(itertools.repeat(time.perf_counter(), sum(len(g) for g in groups)))
+        ended.set()
+
+    cpu = _Cpu(broker)
+    t0 = time.perf_counter()
+    await asyncio.gather(
+        produce(), end_each("OneShotTarget", at_target), end_each("OneShotInit", at_initiator)
+    )
+    fifth = max(1, dialogs // 5)
+    first = fifth / (ended_at[fifth - 1] - t0)
+    last = fifth / (ended_at[-1] - ended_at[-fifth - 1]) if dialogs > fifth else first
+    distinct = len(set(seen))
+    return Row(
+        "raybroker",
+        "one dialog per message: begin+send, receive+end on both sides",
+        dialogs / (ended_at[-1] - t0),
+        cpu_s_per_1k=cpu.per_1k(dialogs),
+        notes=f"dialogs/s; first fifth {first:,.0f}/s, last fifth {last:,.0f}/s",
+        lost=dialogs - distinct,
+        doubled=len(seen) - distinct,
+    )
 
 
 def raw_sqlite(

@@ -47,6 +47,8 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
         assert set(row) == ROW_FIELDS
         assert row["messages_per_s"] > 0
     assert "raw-sqlite end-to-end" in report["rows"][0]["notes"]
+    [one_shot] = [r for r in report["rows"] if r["variant"].startswith("one dialog per message")]
+    assert (one_shot["lost"], one_shot["doubled"]) == (0, 0)  # each dialog's message once
     assert "msg/s" in capsys.readouterr().out
 
 
