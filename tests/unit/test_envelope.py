@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import uuid
 
@@ -226,6 +227,15 @@ def test_received_groups_survive_pack_and_unpack(state):
 
 def test_an_empty_receive_survives_pack_and_unpack():
     assert unpack_received(pack_received([])) == []
+
+
+def test_a_received_groups_messages_are_made_once_and_travel_with_it():
+    group = _group()
+    messages = group.messages
+    assert group.messages is messages  # made on first use, then the group's own
+    copy = pickle.loads(pickle.dumps(group))
+    assert copy == group and copy.messages == messages
+    assert "messages" not in pickle.loads(pickle.dumps(_group())).__dict__  # not made yet
 
 
 def test_a_received_group_with_no_rows_has_no_messages():
