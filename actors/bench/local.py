@@ -102,9 +102,9 @@ def run(
                     notes=f"{piped / serial:.2f}x serial; {note}",
                 )
             )
-            dialogs = max(ONE_SHOT_PER_CALL, messages // 10)
-            progress(f"raybroker: one dialog per message ({dialogs:,} dialogs)")
-            one_shot = asyncio.run(dialog_per_message(broker, dialogs, body))
+            one_shots = max(ONE_SHOT_PER_CALL, messages // 10)
+            progress(f"raybroker: one dialog per message ({one_shots:,} dialogs)")
+            one_shot = asyncio.run(dialog_per_message(broker, one_shots, body))
             one_shot.notes += f"; {one_shot.messages_per_s / e2e:.2f}x end-to-end's messages/s"
             report.rows.append(one_shot)
         finally:
@@ -227,6 +227,7 @@ async def _shared(broker, handles, messages, batch, body, inflight, max_groups, 
 ONE_SHOT_PER_CALL = 500  # one dialog per message: dialogs begun (each with its message) per call
 ONE_SHOT_GROUPS = 100  # groups (here: dialogs) one receive takes at most
 ONE_SHOT_OPEN = 2_000  # the producer begins more only while fewer dialogs than this are open
+ONE_SHOT_STALL_S = 10.0  # the readers give up when nothing came for this long (then: lost)
 
 
 async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
@@ -237,7 +238,9 @@ async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
     not yet received), as a steady load would. The rate is dialogs per second, from the first
     call until the last EndDialog is received; the notes give it over the first and the last
     fifth of the dialogs too (each dialog adds two endpoints and two groups to the store and to
-    the broker's memory, which must not slow the later ones down)."""
+    the broker's memory, which must not slow the later ones down). A message that never comes
+    stops the readers after ONE_SHOT_STALL_S without news and counts as lost; one that came
+    twice fails the run (its dialog is ended already)."""
     broker.create(Queue("OneShotInit"))
     broker.create(Queue("OneShotTarget"))
     broker.create(Service("OneShotInitiator", "OneShotInit"))
@@ -245,12 +248,16 @@ async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
     seen: list[int] = []  # the producer's numbers, as the target received them
     ended_at: list[float] = []  # when each EndDialog reached the initiator
     ended = asyncio.Event()  # set when more EndDialogs came
+    news = [time.perf_counter()]  # when a reader last got something
 
     async def produce() -> None:
         for first in range(0, dialogs, ONE_SHOT_PER_CALL):
             while first - len(ended_at) >= ONE_SHOT_OPEN - ONE_SHOT_PER_CALL:
                 ended.clear()
-                await ended.wait()
+                try:
+                    await asyncio.wait_for(ended.wait(), ONE_SHOT_STALL_S)
+                except TimeoutError:
+                    return  # the readers stop too; what was not sent counts as lost
             ops: list[Begin | Send] = []
             for n in range(first, min(first + ONE_SHOT_PER_CALL, dialogs)):
                 begin = Begin("OneShotInitiator", "OneShotTarget")
@@ -261,14 +268,17 @@ async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
         groups: list[ReceivedGroup] = []
         while True:
             ends = [End(m.conversation_handle) for g in groups for m in g.messages]
-            if len(ended_at) >= dialogs:  # every dialog is over: end what was taken last
-                if groups:
+            over = len(ended_at) >= dialogs  # every dialog is over (or news stopped coming)
+            if over or time.perf_counter() - news[0] > ONE_SHOT_STALL_S:
+                if groups:  # end what was taken last
                     await broker.aio.commit(groups, ops=ends)
                 return
             groups = await broker.aio.receive(
                 queue, max_groups=ONE_SHOT_GROUPS, wait=0.2, commit=groups, ops=ends
             )
-            took(groups)
+            if groups:
+                news[0] = time.perf_counter()
+                took(groups)
 
     def at_target(groups: list[ReceivedGroup]) -> None:
         seen.extend(int.from_bytes(m.body[:8], "big") for g in groups for m in g.messages)
@@ -282,14 +292,14 @@ async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
     await asyncio.gather(
         produce(), end_each("OneShotTarget", at_target), end_each("OneShotInit", at_initiator)
     )
-    fifth = max(1, dialogs // 5)
-    first = fifth / (ended_at[fifth - 1] - t0)
-    last = fifth / (ended_at[-1] - ended_at[-fifth - 1]) if dialogs > fifth else first
+    done, fifth = len(ended_at), max(1, dialogs // 5)
+    first = fifth / (ended_at[fifth - 1] - t0) if done >= fifth else 0.0
+    last = fifth / (ended_at[-1] - ended_at[-fifth - 1]) if done > fifth else first
     distinct = len(set(seen))
     return Row(
         "raybroker",
         "one dialog per message: begin+send, receive+end on both sides",
-        dialogs / (ended_at[-1] - t0),
+        done / ((ended_at[-1] if ended_at else time.perf_counter()) - t0),
         cpu_s_per_1k=cpu.per_1k(dialogs),
         notes=f"dialogs/s; first fifth {first:,.0f}/s, last fifth {last:,.0f}/s",
         lost=dialogs - distinct,
