@@ -44,6 +44,8 @@ log = logging.getLogger("raybroker")
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # a call larger than this goes through Ray (the call limits are far below)
+READ_BYTES = 1 << 16  # a connection's receive buffer; a larger frame gets one its size
+KEEP_BYTES = 1 << 20  # a buffer grown beyond this goes back to READ_BYTES once it is read
 CONNECT_S = 3.0  # opening a connection (and its ticket) gives up after this long
 RETRY_S = 5.0  # after a failed open, calls go through Ray this long before the next try
 TICKET_S = 60.0  # an unused ticket is forgotten after this long
@@ -94,35 +96,67 @@ def _frame(obj: Any) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
-class _Framed(asyncio.Protocol):
-    """A connection's bytes as frames: `frame` is called with each whole one."""
+class _Framed(asyncio.BufferedProtocol):
+    """A connection's bytes as frames: `frame` is called with each whole one.
+
+    Received into one buffer kept for the connection (`get_buffer`): a plain Protocol has
+    asyncio read each time into a fresh 256 KiB bytes object, which glibc maps and unmaps
+    (mmap, mremap, munmap and their page faults: ~40 us of CPU per read on these VMs, measured
+    on a loopback ping-pong, 95 -> 56 us per round trip)."""
 
     max_frame = MAX_FRAME
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
+        self._buf = bytearray(READ_BYTES)
+        self._start = 0  # unread bytes are _buf[_start:_end]
+        self._end = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         _tune(transport.get_extra_info("socket"))
 
-    def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        while len(buf) >= 4:
-            (size,) = _LENGTH.unpack_from(buf)
-            if size > self.max_frame:
-                self.fail(f"a frame of {size} bytes is over {self.max_frame}")
-                return
-            if len(buf) < 4 + size:
-                return
-            frame = bytes(buf[4 : 4 + size])
-            del buf[: 4 + size]
-            self.frame(frame)
-            if self.transport is None or self.transport.is_closing():
-                return
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buf, start, end = self._buf, self._start, self._end
+        if end == len(buf):  # full: move what is unread to the front, or into a larger buffer
+            unread = end - start
+            if unread >= len(buf) // 2:
+                self._buf = bytearray(max(2 * len(buf), unread + READ_BYTES))
+            self._buf[:unread] = buf[start:end]
+            self._start, self._end = 0, unread
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        buf, view = self._buf, memoryview(self._buf)
+        try:
+            while self._end - self._start >= 4:
+                (size,) = _LENGTH.unpack_from(buf, self._start)
+                if size > self.max_frame:
+                    self.fail(f"a frame of {size} bytes is over {self.max_frame}")
+                    return
+                begin = self._start + 4
+                if self._end - begin < size:
+                    if begin + size > len(buf):  # room for the whole frame, read at once
+                        self._make_room(4 + size)
+                    return
+                self._start = begin + size
+                self.frame(bytes(view[begin : self._start]))
+                if self.transport is None or self.transport.is_closing():
+                    return
+        finally:
+            view.release()
+            if self._start == self._end:
+                self._start = self._end = 0
+                if len(self._buf) > KEEP_BYTES:  # a large frame passed: do not keep its room
+                    self._buf = bytearray(READ_BYTES)
+
+    def _make_room(self, frame_bytes: int) -> None:
+        unread = self._buf[self._start : self._end]
+        self._buf = bytearray(max(frame_bytes, READ_BYTES))
+        self._buf[: len(unread)] = unread
+        self._start, self._end = 0, len(unread)
 
     def write(self, data: bytes) -> bool:
         """Whether it could be written (the connection is still open)."""

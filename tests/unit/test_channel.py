@@ -10,6 +10,8 @@ import struct
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors import channel as ch
 from actors.errors import InvalidArgument
@@ -235,6 +237,71 @@ def test_a_call_whose_answer_cannot_be_sent_is_handed_to_undelivered():
         return lost
 
     assert asyncio.run(main()) == [(("c", 0, 0), "slow", ("took",), ("slow", ("took",)))]
+
+
+class OpenTransport:
+    def is_closing(self) -> bool:
+        return False
+
+
+class Collected(ch._Framed):
+    """Frames as a connection reads them, without a connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transport = OpenTransport()
+        self.frames: list[bytes] = []
+
+    def frame(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+def _feed(framed: ch._Framed, stream: bytes, cuts: list[int]) -> None:
+    """Hand `stream` to `framed` as asyncio's socket reads would: into its own buffer, in reads
+    of at most the sizes in `cuts` (then what is left)."""
+    at = 0
+    sizes = iter(cuts)
+    while at < len(stream):
+        room = framed.get_buffer(-1)
+        n = min(len(room), next(sizes, len(stream)), len(stream) - at)
+        room[:n] = stream[at : at + n]
+        room.release()
+        framed.buffer_updated(n)
+        at += n
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bodies=st.lists(
+        st.one_of(st.binary(max_size=300), st.integers(0, 3 * ch.READ_BYTES).map(bytes)),
+        max_size=12,
+    ),
+    cuts=st.lists(st.integers(1, 2 * ch.READ_BYTES), max_size=40),
+)
+def test_frames_come_out_whole_and_in_order_however_the_stream_is_cut(bodies, cuts):
+    framed = Collected()
+    stream = b"".join(struct.pack("<I", len(b)) + b for b in bodies)
+    _feed(framed, stream, cuts)
+    assert framed.frames == bodies
+    assert framed._start == framed._end == 0  # nothing left over, and a large frame's room
+    assert len(framed._buf) <= ch.KEEP_BYTES  # is not kept once it is read
+
+
+def test_large_and_many_small_calls_travel_on_one_connection():
+    async def main():
+        server = await _server(Broker())
+        channel = await _channel(server)
+        big = bytes(range(256)) * (3 * ch.READ_BYTES // 256 + 7)  # several buffers' worth
+        args = [(big if i % 50 == 7 else i,) for i in range(400)]
+        answers = await asyncio.gather(
+            *(channel.send(("c", i, 0), "apply", a) for i, a in enumerate(args))
+        )
+        channel.close()
+        server.close()
+        return args, answers
+
+    args, answers = asyncio.run(main())
+    assert answers == [("apply", a) for a in args]
 
 
 def test_before_its_ticket_a_connection_may_not_send_a_large_frame(monkeypatch):
