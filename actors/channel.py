@@ -97,12 +97,10 @@ def _frame(obj: Any) -> bytes:
 
 
 class _Framed(asyncio.BufferedProtocol):
-    """A connection's bytes as frames: `frame` is called with each whole one.
-
-    Received into one buffer kept for the connection (`get_buffer`): a plain Protocol has
-    asyncio read each time into a fresh 256 KiB bytes object, which glibc maps and unmaps
-    (mmap, mremap, munmap and their page faults: ~40 us of CPU per read on these VMs, measured
-    on a loopback ping-pong, 95 -> 56 us per round trip)."""
+    """A connection's bytes as frames: `frame` is called with each whole one. Read into one
+    buffer kept for the connection: with a plain Protocol asyncio reads each time into a new
+    256 KiB bytes object, which glibc maps and unmaps (mmap, mremap, munmap and their page
+    faults: a loopback ping-pong took 95 us of CPU per round trip on these VMs, 56 without)."""
 
     max_frame = MAX_FRAME
 
