@@ -66,8 +66,9 @@ class Delivery(Part):
             and self.routes_here(ep, w.now)
         ):
             far = self.create_target(w, ep)
-        if far is None and (ep.no in st.parked or ep.far_broker != st.broker_id):
-            # not here (yet): the transmission queue routes it, in order
+        if ep.no in st.parked or (far is None and ep.far_broker != st.broker_id):
+            # not here (yet), or earlier messages still on their way (a route that leads back
+            # here through a forwarder): the transmission queue routes it, in order
             self.park(w, ep, mt, bodies, first_seq)
         elif far is None:
             self.far_gone(w, ep)  # the far endpoint was cleaned up

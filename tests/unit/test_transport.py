@@ -871,6 +871,32 @@ def test_a_forwarder_relays_both_ways_once_forwarding_is_on_and_acks_come_from_t
     assert a.transmission_view() == [] and b.transmission_view() == []
 
 
+def test_a_route_back_to_its_own_broker_through_a_forwarder_loses_and_reorders_nothing(net):
+    """A hosts both services but routes Target through the forwarder F, which routes it back:
+    the target endpoint appears on A while later messages still wait in A's transmission queue.
+    Those sent after that wait behind them, rather than going straight to the new endpoint (and
+    being taken for resends when the waiting ones arrive)."""
+    a = net.add("A", INIT, TARGET)
+    f = net.add("F", forwarding=True)
+    route(a, "routes", "ToTarget", "Target", "ray://F")
+    route(f, "instance", "FwdTarget", "Target", "ray://A")
+    route(f, "instance", "FwdInit", "Init", "ray://A", a.broker_id)
+    h = begin(a, b"m0")
+    (first,) = a.transport.dispatch()
+    send(a, h, b"m1")  # waits behind m0
+    net.send(a, first)  # m0 to F, which relays it to A: the target endpoint is now on A
+    for out in f.transport.dispatch():
+        net.send(f, out)
+    assert sorted(e["is_initiator"] for e in a.endpoints_view()) == [False, True]
+    send(a, h, b"m2")  # m1 still waits: so does m2
+    net.later()
+    assert [m.body for m in take(a, "TargetQ")] == [b"m0", b"m1", b"m2"]
+    assert a.transmission_view() == []
+    send(a, h, b"m3")  # nothing waits any more: straight to the endpoint here
+    assert a.transmission_view() == []
+    assert [m.body for m in take(a, "TargetQ")] == [b"m3"]
+
+
 def test_an_unreachable_broker_behind_a_forwarder_is_retried_with_backoff(net, via_forwarder):
     a, b, f = via_forwarder
     f.configure(forwarding=True)
