@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 
 from . import checks
 from .catalog import END_DIALOG, ERROR, Contract, may_send
@@ -31,6 +32,12 @@ class State(StrEnum):
 
 
 SENDABLE = frozenset({State.STARTED_OUTBOUND, State.CONVERSING})
+
+# An endpoint's `settings`, made in C: compared for every endpoint a commit touches. The state as
+# itself (a str): its `.value` costs an enum descriptor call.
+endpoint_settings = attrgetter(
+    "group_no", "state", "expires_at", "timer_at", "far_broker", "closed_at", "no"
+)
 
 
 @dataclass
@@ -63,17 +70,8 @@ class Endpoint:
 
     def settings(self) -> tuple[object, ...]:
         """What the store keeps of it that changes after BEGIN, but its sequence numbers (see
-        `Store.update_endpoints`). The state as itself (a str): its `.value` costs an enum
-        descriptor call, and this is compared for every endpoint a commit touches."""
-        return (
-            self.group_no,
-            self.state,
-            self.expires_at,
-            self.timer_at,
-            self.far_broker,
-            self.closed_at,
-            self.no,
-        )
+        `Store.update_endpoints`)."""
+        return endpoint_settings(self)
 
     def row(self) -> tuple[object, ...]:
         """The endpoint as a row of the store's endpoints table (see store.ENDPOINT_COLUMNS)."""

@@ -191,18 +191,18 @@ class LockTable:
         turn: Turn | None = None,
     ) -> Lock:
         assert group not in self.by_group, "group already locked"
-        lock = Lock(
-            lock_id=f"{self._prefix}-{next(self._seq)}-{tokens().next()}",
-            group=group,
-            queue=queue,
-            owner=owner,
-            expires_at=now + (self.default_lease_s if lease_s is None else lease_s),
-            ready_key=ready_key,
-            first_id=first_id,
-            last_id=last_id,
-            count=count,
-            received_at=now,
-            turn=turn,
+        lock = Lock(  # positional: one is made per group received
+            f"{self._prefix}-{next(self._seq)}-{tokens().next()}",
+            group,
+            queue,
+            owner,
+            now + (self.default_lease_s if lease_s is None else lease_s),
+            ready_key,
+            first_id,
+            last_id,
+            count,
+            now,
+            turn,
         )
         self.by_id[lock.lock_id] = lock
         self.by_group[group] = lock

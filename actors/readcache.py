@@ -53,6 +53,9 @@ class ReadCache:
         cached = self._rows.get(group)
         if cached is None:
             return
+        if count >= len(cached):  # all of it (the usual case): its size is known
+            self.drop(group)
+            return
         gone = cached[:count]
         del cached[:count]
         size = ROW_OVERHEAD * len(gone)

@@ -206,13 +206,14 @@ class Delivery(Part):
         far.recv_seq = first_seq + len(bodies)
         if far.state is State.CLOSED:
             return
-        if _echoes(far, mt):
+        echo_target = _echo_target(far)
+        if echo_target and mt == ECHO:
             self.transmit(w, far, ECHO, bodies)
             return
         on_arrival(far, mt)
         if far.state is State.CLOSED:
             self.close(w, far)  # both sides have now ended: schedule its purge
-        if _echoes(far, None) and far.state is not State.CONVERSING:
+        if echo_target and far.state is not State.CONVERSING:
             # The broker answers Echo dialogs itself, so it also ends them itself.
             self.close(w, far)
             return
@@ -268,6 +269,6 @@ class Delivery(Part):
             w.removals.append(Removed(st.groups[ep.group_no].queue, ep.group_no, n, False))
 
 
-def _echoes(ep: Endpoint, mt: str | None) -> bool:
+def _echo_target(ep: Endpoint) -> bool:
     """Whether the broker itself answers this endpoint (a target on the Echo contract)."""
-    return not ep.is_initiator and ep.contract == ECHO_CONTRACT and (mt is None or mt == ECHO)
+    return not ep.is_initiator and ep.contract == ECHO_CONTRACT

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import msgpack
 
 from .. import audit
-from ..dialogs import Endpoint
+from ..dialogs import Endpoint, endpoint_settings
 from ..errors import InvalidArgument
 from ..packing import packb
 from ..store import Store
@@ -330,7 +330,7 @@ class UnitOfWork:
         # of those, the ones whose row changed beyond their sequence numbers (few: a send
         # changes only those)
         settled = w.settled = [
-            no for no in changed if eps[no].settings() != w.touched[no].settings()
+            no for no in changed if endpoint_settings(eps[no]) != endpoint_settings(w.touched[no])
         ]
         if self._group is not None:  # written once, when the group ends
             self._group.touched.update(changed)
