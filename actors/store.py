@@ -268,9 +268,12 @@ class Store(TransmissionRows):
         self.db.executemany("DELETE FROM endpoint_seqs WHERE no=?", keys)
 
     def max_keys(self) -> tuple[int, int, int]:
-        """The highest endpoint, group and message numbers in use (0 when none)."""
+        """The highest endpoint, group and message numbers in use (0 when none). An endpoint
+        number the transmission queue still names counts as used: a new endpoint must not
+        inherit rows its owner left (the sender drops them once it sees no endpoint)."""
         return self.db.execute(
-            "SELECT (SELECT COALESCE(MAX(no), 0) FROM endpoints), (SELECT COALESCE(MAX(no), 0) "
+            "SELECT MAX((SELECT COALESCE(MAX(no), 0) FROM endpoints), (SELECT "
+            "COALESCE(MAX(endpoint_no), 0) FROM transmission)), (SELECT COALESCE(MAX(no), 0) "
             "FROM groups), (SELECT COALESCE(MAX(id), 0) FROM messages)"
         ).fetchone()
 

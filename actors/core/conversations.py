@@ -195,8 +195,9 @@ class Conversations(Part):
                 "it in that receive's commit, or after it"
             )
         delivery.remove_messages(w, ep)
-        if op.cleanup:
+        if op.cleanup:  # what it sent and did not get out yet goes too, this unit's as well
             self.store.delete_endpoint_transmission(ep.no)
+            w.transmission = [r for r in w.transmission if r[0] != ep.no]
             w.touch(ep)
             ep.state = State.CLOSED
             w.dead_endpoints.append(ep)

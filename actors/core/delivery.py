@@ -147,9 +147,13 @@ class Delivery(Part):
         st.park(w, ep.no)
 
     def unpark_service(self, w: Changes, service: str) -> None:
-        """A service appeared (or changed): deliver what waited for it here, in order."""
+        """A service appeared (or changed): deliver what waited for it here, in order. Not a
+        dialog whose messages are on their way to another broker: they may arrive there (its
+        answer decides; the dispatcher delivers here what is still waiting after it)."""
         st = self.state
         for ep_no in dict.fromkeys(r.endpoint_no for r in self.store.transmission_for(service)):
+            if ep_no in st.sending:
+                continue
             ep = st.endpoints.get(ep_no)
             if ep is None:
                 self.store.delete_endpoint_transmission(ep_no)
@@ -261,8 +265,9 @@ class Delivery(Part):
         ep.timer_at = None
 
     def remove_messages(self, w: Changes, ep: Endpoint) -> None:
-        """Remove every message waiting on one endpoint (it ended)."""
+        """Remove every message waiting on one endpoint (it ended), this unit's too."""
         st = self.state
+        w.take_back(ep.no)
         st.cache.drop(ep.group_no)
         n = self.store.delete_conversation_messages(ep.group_no, ep.no)
         if n:

@@ -53,6 +53,10 @@ class CorePort(Part):
     def has_waiting(self) -> bool:
         return bool(self.state.parked)
 
+    @property
+    def sending(self) -> set[int]:
+        return self.state.sending
+
     def own_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
         return self.delivery.next_hops(ep, now)
 

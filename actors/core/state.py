@@ -77,6 +77,9 @@ class BrokerState:
         for g, count, first in store.waiting_by_group():
             self.index_of(g).add(g, first, count, locked=False)
         self.parked: set[int] = set(store.parked_endpoints())
+        # of those, the ones whose messages are on their way to another broker now (the
+        # transport's dispatcher keeps it: one batch per dialog at a time)
+        self.sending: set[int] = set()
         ep_max, group_max, msg_max = store.max_keys()
         self.next_endpoint, self.next_group, self.next_message = (
             ep_max + 1,

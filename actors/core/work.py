@@ -94,6 +94,21 @@ class Changes:
             self.touched[ep.no] = snap
         return ep
 
+    def take_back(self, endpoint_no: int) -> None:
+        """Drop the messages this unit delivered to `endpoint_no` (it ended in the same unit, so
+        they go with those already stored; written, they would outlive it)."""
+        if not any(row[2] == endpoint_no for row in self.messages):
+            return
+        rows: list[tuple[Any, ...]] = []
+        arrivals: list[Arrived] = []
+        for a in self.arrivals:  # each of them covers rows of one endpoint (`Delivery.enqueue`)
+            mine = self.messages[a.at : a.at + a.count] if a.at >= 0 else []
+            if mine and mine[0][2] == endpoint_no:
+                continue
+            arrivals.append(a._replace(at=len(rows)) if mine else a)
+            rows += mine
+        self.messages, self.arrivals = rows, arrivals
+
     def event(self, kind: str, subject: str, detail: str) -> None:
         """An operator event, written in this transaction and surfaced after it commits."""
         self.events.append(Event(self.now, kind, subject, detail))

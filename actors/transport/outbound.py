@@ -38,7 +38,7 @@ class Dispatcher:
         self.port = port
         self.store = store
         self.inflight: set[int] = set()  # transmission rows being sent
-        self.inflight_eps: set[int] = set()  # their endpoints: one batch per dialog at a time
+        self.inflight_eps = port.sending  # their endpoints: one batch per dialog at a time
 
     @property
     def pending(self) -> bool:

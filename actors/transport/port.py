@@ -51,6 +51,12 @@ class BrokerPort(Protocol):
         """Whether any dialog has messages in the transmission queue."""
         ...
 
+    @property
+    def sending(self) -> set[int]:
+        """The endpoints with a batch on its way: the dispatcher keeps it, the broker reads it
+        (what is on its way elsewhere is not delivered here meanwhile)."""
+        ...
+
     def own_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
         """Route decision for a dialog begun here: the broker's own routes."""
         ...

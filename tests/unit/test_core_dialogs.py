@@ -142,6 +142,24 @@ def test_end_with_cleanup_removes_the_local_endpoint_and_messages_without_tellin
     assert state_of(core, d.target) == "CONVERSING"
 
 
+def test_what_a_call_delivers_to_an_endpoint_it_then_ends_goes_with_the_endpoint(core, open_dialog):
+    """END CONVERSATION removes what waits on its endpoint, including what the same call put
+    there just before. With cleanup the endpoint is gone: a message left for it failed every
+    receive of its queue (the endpoint it names no longer exists)."""
+    cleaned = open_dialog(core)
+    core.apply([Send(cleaned.target, "Reply", [b"r0"]), End(cleaned.init, cleanup=True)])
+    assert core.queue_view("InitQ") == []
+    assert core.receive("InitQ") == []
+
+    ended = open_dialog(core)
+    core.apply([Send(ended.target, "Reply", [b"r1"]), End(ended.init)])
+    assert core.queue_view("InitQ") == []
+    assert state_of(core, ended.init) == "DISCONNECTED_OUTBOUND"
+    # the targets' queue is untouched: both Reqs, and the EndDialog of the one that ended
+    got = [(m.conversation_handle, m.message_type) for m in receive_all(core, "TargetQ")]
+    assert got == [(cleaned.target, "Req"), (ended.target, "Req"), (ended.target, "EndDialog")]
+
+
 def test_sending_on_a_handle_this_side_has_ended_raises_conversation_ended(core, open_dialog):
     d = open_dialog(core)
     core.apply([End(d.init)])
