@@ -33,8 +33,9 @@ class State(StrEnum):
 
 SENDABLE = frozenset({State.STARTED_OUTBOUND, State.CONVERSING})
 
-# An endpoint's `settings`, made in C: compared for every endpoint a commit touches. The state as
-# itself (a str): its `.value` costs an enum descriptor call.
+# What the store keeps of an endpoint that changes after BEGIN, but its sequence numbers (see
+# `Store.update_endpoints`), as a tuple made in C: compared for every endpoint a commit touches.
+# The state as itself (a str): its `.value` costs an enum descriptor call.
 endpoint_settings = attrgetter(
     "group_no", "state", "expires_at", "timer_at", "far_broker", "closed_at", "no"
 )
@@ -67,11 +68,6 @@ class Endpoint:
     def due_times(self) -> tuple[float | None, float | None, float | None]:
         """When something falls due for this endpoint: its timer, its lifetime, its purge."""
         return self.timer_at, self.expires_at, self.closed_at
-
-    def settings(self) -> tuple[object, ...]:
-        """What the store keeps of it that changes after BEGIN, but its sequence numbers (see
-        `Store.update_endpoints`)."""
-        return endpoint_settings(self)
 
     def row(self) -> tuple[object, ...]:
         """The endpoint as a row of the store's endpoints table (see store.ENDPOINT_COLUMNS)."""

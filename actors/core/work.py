@@ -269,7 +269,7 @@ class UnitOfWork:
                 live = [eps[no] for no in g.touched if no in eps]
                 if live:
                     self.store.update_endpoint_seqs([(e.send_seq, e.recv_seq, e.no) for e in live])
-                changed = [eps[no].settings() for no in g.settled if no in eps]
+                changed = [endpoint_settings(eps[no]) for no in g.settled if no in eps]
                 if changed:
                     self.store.update_endpoints(changed)
                 if g.requests:
@@ -353,7 +353,7 @@ class UnitOfWork:
         elif changed:
             store.update_endpoint_seqs([(eps[no].send_seq, eps[no].recv_seq, no) for no in changed])
             if settled:
-                store.update_endpoints([eps[no].settings() for no in settled])
+                store.update_endpoints([endpoint_settings(eps[no]) for no in settled])
         if dead:
             store.delete_endpoints(dead)
             self._drop_emptied_groups(w)
