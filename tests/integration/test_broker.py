@@ -594,3 +594,17 @@ def test_a_broker_whose_store_cannot_open_says_so_at_once(ray_session, tmp_path)
         start_broker(
             f"bad-{tmp_path.name}", str(tmp_path / "no" / "such" / "dir.sqlite"), retry_s=60
         )
+
+
+def test_the_broker_calls_its_own_methods_unwrapped_and_ray_still_calls_in(broker):
+    # Ray wraps each method of an actor class for tracing; the broker's calls on itself skip
+    # those wrappers (a frame each, several per message), while calls from clients still arrive
+    def wrapped(actor) -> list[str]:
+        return [
+            name
+            for name in ("_start_apply", "_start_receive", "_take", "info")
+            if getattr(getattr(type(actor), name), "__ray_tracing_wrapped__", False)
+        ]
+
+    assert ray.get(broker.actor.__ray_call__.remote(wrapped)) == []
+    assert broker.info()["name"] == broker.name
