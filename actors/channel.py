@@ -38,7 +38,7 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger("raybroker")
 
@@ -111,8 +111,8 @@ class _Framed(asyncio.BufferedProtocol):
         self._end = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport, though not always asyncio's class (uvloop's is its own)
+        self.transport = cast(asyncio.Transport, transport)
         _tune(transport.get_extra_info("socket"))
 
     def get_buffer(self, sizehint: int) -> memoryview:

@@ -71,6 +71,8 @@ class BrokerActor(BrokerService):
         return await super().info() | {
             "node": ray.get_runtime_context().get_node_id(),
             "channels": self._channel_counts(),
+            # "uvloop" (Ray's choice when it is installed) or "asyncio"
+            "event_loop": type(asyncio.get_running_loop()).__module__.partition(".")[0],
         }
 
     async def open_channel(self, holder: list) -> tuple[str, int, str] | None:

@@ -22,8 +22,14 @@ def channels(b: Broker) -> dict[str, int]:
     return b.info()["channels"]
 
 
-def test_a_handles_calls_go_over_its_direct_channel_sync_and_async(make_broker):
-    b = make_broker()
+# Ray runs the broker on uvloop when it is installed (a dependency), else on asyncio's loop
+LOOPS = {"uvloop": {}, "asyncio": {"runtime_env": {"env_vars": {"RAY_USE_UVLOOP": "0"}}}}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_handles_calls_go_over_its_direct_channel_sync_and_async(make_broker, loop):
+    b = make_broker(**LOOPS[loop])
+    assert b.info()["event_loop"] == loop
     define(b)
     wait_until(lambda: channels(b)["open"] >= 1, what="the sync handle's channel to open")
     before = channels(b)["calls"]
