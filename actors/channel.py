@@ -190,7 +190,7 @@ class ChannelServer:
         self.undelivered = undelivered
         self.host = host
         self.port = 0
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._starting = asyncio.Lock()
         self.tickets: dict[str, tuple[float, Any]] = {}  # ticket -> (made at, holder handle)
         self.connections = 0  # open now

@@ -40,7 +40,9 @@ class _Token(NamedTuple):
     holder: str  # its name
     ref: ray.ObjectRef  # a small object it owns (see lock_holder)
     context: Any  # Ray's runtime context, whose worker object is this process's
-    core: Any  # that worker's core worker when it was made: a new one once Ray starts again
+    # that worker's core worker when it was made: a new one once Ray starts again (held, so a
+    # shut-down one's identity cannot be reused; replaced at the next call after a restart)
+    core: Any
 
 
 _token: _Token | None = None
@@ -371,10 +373,9 @@ class AsyncBroker(Verbs):
         and this call goes through Ray)."""
         if not (self._sync.direct and direct_allowed()):
             return None
-        if _token is None:
-            lock_holder()
-        assert _token is not None
-        token, actor = _token.ref, self._sync.actor
+        # this Ray start's token: a handle whose first call sends must not open its channel
+        # with the one of a Ray since shut down
+        token, actor = lock_holder()[1][0], self._sync.actor
         return _channels.slot(actor, token, lambda: actor.open_channel.remote([token])).get()
 
     async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
