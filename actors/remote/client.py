@@ -56,6 +56,12 @@ def lock_holder() -> tuple[str, list[ray.ObjectRef]]:
     own). The token is a small object this process owns: Ray loses an object whose owner died,
     so the broker awaiting it learns of the death (OwnerDiedError) within about a second, for
     drivers, tasks and actors alike. It travels in a list so Ray passes it unresolved."""
+    token = _current_token()
+    return token.holder, [token.ref]
+
+
+def _current_token() -> _Token:
+    """This Ray start's token, made on first use."""
     global _token
     token = _token
     # Every receive asks. The same core worker is the same Ray start, so the same worker id:
@@ -69,7 +75,7 @@ def lock_holder() -> tuple[str, list[ray.ObjectRef]]:
             holder = f"actor-{actor}-{worker[:8]}" if actor else f"worker-{worker[:16]}"
             token = _Token(worker, holder, ray.put(b""), context, None)
         _token = token = token._replace(core=_core_worker(context))
-    return token.holder, [token.ref]
+    return token
 
 
 def _core_worker(context: Any) -> Any:
@@ -375,7 +381,7 @@ class AsyncBroker(Verbs):
             return None
         # this Ray start's token: a handle whose first call sends must not open its channel
         # with the one of a Ray since shut down
-        token, actor = lock_holder()[1][0], self._sync.actor
+        token, actor = _current_token().ref, self._sync.actor
         return _channels.slot(actor, token, lambda: actor.open_channel.remote([token])).get()
 
     async def _direct(self, call: _Call, post: Callable[[Any], Any] | None) -> Any:
