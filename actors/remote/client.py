@@ -15,12 +15,13 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import ray
 
 from ..batchverbs import BATCH_VERBS
+from ..calloop import call_loop, on_call_loop_thread
 from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
 from ..envelope import NOTHING_RECEIVED, unpack_received
@@ -213,20 +214,21 @@ class Broker(Verbs):
                 entered, alone = True, self._batch_callers == 1
             # not coalesced: a lone caller would only wait for the batch; and a call made on
             # the call loop itself cannot wait for that loop
-            if alone or threading.current_thread() is _loop_thread:
+            if alone or on_call_loop_thread():
                 return self._direct(method, args, post)
-            # other threads are calling too: coalesced with theirs, as `aio` coalesces
-            return _on_call_loop(self.aio.coalesced(method, args, post))
+            # other threads are calling too: coalesced with theirs on the process's call loop
+            # (a few actor calls per round for 100 threads of one message each, not 100)
+            return call_loop().run(self.aio.coalesced(method, args, post))
         finally:
             if entered:
                 with self._batch_lock:
                     self._batch_callers -= 1
 
     def _direct(self, method: str, args: tuple[Any, ...], post: Callable[[Any], Any] | None) -> Any:
-        if self.direct and direct_allowed() and threading.current_thread() is not _loop_thread:
+        if self.direct and direct_allowed() and not on_call_loop_thread():
             # over the call loop's direct channel (a hop between threads costs far less than
             # the Ray call it saves); the loop's own thread cannot wait for itself
-            return _on_call_loop(self.aio.one_call(method, args, post))
+            return call_loop().run(self.aio.one_call(method, args, post))
         call = _Call(self, method, args)
         try:
             while True:  # a retry keeps its number: it takes the same place in the order
@@ -254,40 +256,6 @@ class Broker(Verbs):
             for f in (path, f"{path}-wal", f"{path}-shm", lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f)
-
-
-# The process's call loop: an event loop on a daemon thread, where a sync handle's apply, settle
-# and receive calls go while other threads call it too. Threads calling one handle at once then
-# share its coalescer (actors.coalesce): 100 threads each sending one message cost the broker a
-# few actor calls per round, not 100 (an actor call costs about a millisecond of the broker's
-# CPU, a verb tens of microseconds). Made on first use; a forked child makes its own.
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_thread: threading.Thread | None = None
-_loop_pid = 0
-_loop_lock = threading.Lock()
-
-
-def _call_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _loop_thread, _loop_pid
-    with _loop_lock:
-        if _loop is None or _loop_pid != os.getpid():
-            _loop, _loop_pid = asyncio.new_event_loop(), os.getpid()
-            _loop_thread = threading.Thread(
-                target=_loop.run_forever, name="raybroker-calls", daemon=True
-            )
-            _loop_thread.start()
-        return _loop
-
-
-def _on_call_loop(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run `coro` on the call loop and wait for its result here. A caller interrupted while
-    waiting (KeyboardInterrupt) cancels it, as a cancelled `aio` call is cancelled."""
-    future = asyncio.run_coroutine_threadsafe(coro, _call_loop())
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        raise
 
 
 # The process's direct channels to brokers (actors.channel), shared by its handles.

@@ -10,9 +10,9 @@ import threading
 import ray
 
 from actors import Begin, Queue, Send, Service
+from actors.calloop import call_loop
 from actors.errors import UnknownMessageType
 from actors.ordering import Issuer
-from actors.remote.client import _call_loop
 from tests.polling import apoll
 
 
@@ -132,7 +132,7 @@ def _run_threads(work: list) -> None:
 
 def _sync_batches(broker) -> int:
     """Batches the sync handle's coalescer (on this process's call loop) has sent."""
-    coalescer = broker.aio._coalescers.get(_call_loop())
+    coalescer = broker.aio._coalescers.get(call_loop().loop)
     return 0 if coalescer is None else coalescer.batches
 
 

@@ -1,0 +1,114 @@
+"""The call loop (actors.calloop): other threads' coroutines run on its thread, each caller gets
+its own result or error, calls queued while the loop is busy are taken in one turn, and a caller
+interrupted while it waits cancels its call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import pytest
+
+from actors.calloop import CallLoop, call_loop, on_call_loop_thread
+from tests.polling import wait_until
+
+
+class Boom(Exception):
+    pass
+
+
+async def _echo(value: int) -> tuple[int, threading.Thread]:
+    await asyncio.sleep(0)
+    if value % 7 == 3:
+        raise Boom(value)
+    return value, threading.current_thread()
+
+
+def test_each_thread_gets_its_own_result_or_error_from_the_loop_thread():
+    loop = CallLoop()
+    outcomes: dict[int, object] = {}
+
+    def caller(i: int) -> None:
+        try:
+            outcomes[i] = loop.run(_echo(i))
+        except Boom as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(60)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(outcomes) == 60
+    for i, outcome in outcomes.items():
+        if i % 7 == 3:
+            assert isinstance(outcome, Boom) and outcome.args == (i,)
+        else:
+            assert outcome == (i, loop.thread)  # ran on the loop's thread
+
+
+def test_calls_queued_while_the_loop_is_busy_are_taken_in_one_turn():
+    loop = CallLoop()
+    release = threading.Event()
+    busy = threading.Event()
+
+    async def block() -> None:
+        busy.set()
+        release.wait(30)  # holds the loop's thread: nothing else runs on it meanwhile
+
+    blocker = threading.Thread(target=loop.run, args=(block(),))
+    blocker.start()
+    wait_until(busy.is_set, what="the loop to be busy")
+    drains = loop.drains
+    results: list[int] = []
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(loop.run(_echo(7 * i))[0]))
+        for i in range(20)
+    ]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(loop._inbox) == 20, what="20 calls queued")  # noqa: SLF001
+    release.set()
+    for t in [blocker, *threads]:
+        t.join(timeout=30)
+    assert sorted(results) == [7 * i for i in range(20)]
+    assert loop.drains == drains + 1  # one wake-up for the twenty
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
+)
+def test_a_caller_interrupted_while_waiting_cancels_its_call():
+    loop = CallLoop()
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def slow() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupt() -> None:
+        started.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(slow())
+    wait_until(cancelled.is_set, what="the interrupted call to be cancelled")
+    assert loop.run(_echo(1)) == (1, loop.thread)  # the loop goes on
+
+
+def test_the_process_has_one_call_loop_and_knows_its_thread():
+    assert call_loop() is call_loop()
+    assert call_loop().thread.daemon
+    assert not on_call_loop_thread()
+    assert call_loop().run(_on_thread()) is True
+
+
+async def _on_thread() -> bool:
+    return on_call_loop_thread()
