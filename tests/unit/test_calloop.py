@@ -1,10 +1,12 @@
 """The call loop (actors.calloop): other threads' coroutines run on its thread, each caller gets
-its own result or error, calls queued while the loop is busy are taken in one turn, and a caller
-interrupted while it waits cancels its call."""
+its own result or error in its own context, calls queued while the loop is busy are taken in one
+turn, and a caller interrupted while it waits cancels its call without stopping anyone else's."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import os
 import signal
 import threading
@@ -101,6 +103,91 @@ def test_a_caller_interrupted_while_waiting_cancels_its_call():
         loop.run(slow())
     wait_until(cancelled.is_set, what="the interrupted call to be cancelled")
     assert loop.run(_echo(1)) == (1, loop.thread)  # the loop goes on
+
+
+def test_a_caller_interrupted_before_its_wake_up_was_scheduled_leaves_the_loop_serving():
+    loop = CallLoop()
+    real = loop.loop
+
+    class InterruptedOnce:  # the loop, but the first wake-up is interrupted before it is sent
+        fired = False
+
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        def call_soon_threadsafe(self, *args):
+            if not InterruptedOnce.fired:
+                InterruptedOnce.fired = True
+                raise KeyboardInterrupt  # as a SIGINT landing between the append and the wake-up
+            return real.call_soon_threadsafe(*args)
+
+    loop.loop = InterruptedOnce()
+    never_run = _echo(1)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(never_run)
+    loop.loop = real
+    answers: list = []
+    later = threading.Thread(target=lambda: answers.append(loop.run(_echo(2))), daemon=True)
+    later.start()
+    later.join(timeout=10)
+    assert answers == [(2, loop.thread)]  # not stuck behind the interrupted call
+    assert never_run.cr_frame is None  # closed without running (no "never awaited" warning)
+
+
+_who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+async def _whose() -> str:
+    await asyncio.sleep(0)
+    return _who.get()
+
+
+def test_each_call_runs_in_its_callers_context():
+    loop = CallLoop()
+    release, busy = threading.Event(), threading.Event()
+
+    async def block() -> None:
+        busy.set()
+        release.wait(30)
+
+    blocker = threading.Thread(target=loop.run, args=(block(),))
+    blocker.start()
+    wait_until(busy.is_set, what="the loop to be busy")
+    seen: dict[str, str] = {}
+
+    def caller(name: str) -> None:
+        _who.set(name)
+        seen[name] = loop.run(_whose())
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in "ABC"]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(loop._inbox) == 3, what="3 calls queued")  # noqa: SLF001
+    release.set()  # the three are drained in one turn, each still in its own context
+    for t in [blocker, *threads]:
+        t.join(timeout=30)
+    assert seen == {"A": "A", "B": "B", "C": "C"}
+
+
+def test_a_cancelled_call_raises_an_exception_and_a_system_exit_does_not_stop_the_loop():
+    loop = CallLoop()
+
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(concurrent.futures.CancelledError):  # an Exception, as it was
+        loop.run(cancelled())
+    with pytest.raises(SystemExit):
+        loop.run(exits())
+    assert loop.run(_echo(4)) == (4, loop.thread)
+
+
+def test_ray_use_uvloop_0_keeps_the_call_loop_on_asyncios_loop(monkeypatch):
+    monkeypatch.setenv("RAY_USE_UVLOOP", "0")
+    assert type(CallLoop().loop).__module__.startswith("asyncio")
 
 
 def test_the_process_has_one_call_loop_and_knows_its_thread():
