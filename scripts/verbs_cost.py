@@ -18,6 +18,7 @@ them, run it under callgrind with two sizes and divide the difference by the mes
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from actors.coalesce import holders_once
 from actors.envelope import pack_ops, unpack_received
 from actors.ids import new_request_id
 from actors.ordering import Issuer
+from actors.remote.broker import GC_THRESHOLDS
 from actors.service import BrokerService
 
 CONVERSATIONS = 100  # messages per round
@@ -127,6 +129,8 @@ def main() -> None:
     shape = sys.argv[2] if len(sys.argv) > 2 else "many-clients"
     if shape not in SHAPES:
         sys.exit(f"unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
+    gc.freeze()  # as the broker actor does (actors.remote.broker)
+    gc.set_threshold(*GC_THRESHOLDS)
     per_message = asyncio.run(measure(rounds, shape))
     print(f"{shape}, {rounds} rounds of {CONVERSATIONS} messages: ", end="")
     print(f"{per_message * 1e6:.1f} us of CPU per message")
