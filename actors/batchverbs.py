@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import checks
 from .envelope import NOTHING_RECEIVED as NOTHING
-from .envelope import pack_received, unpack_ops, unpack_received
+from .envelope import held_lock, pack_received, unpack_ops, unpack_received
 from .errors import BrokerError, InvalidArgument
 from .ordering import Order
 from .replies import Replies, takes_locks
@@ -38,12 +38,6 @@ CLIENT_VERBS = frozenset(
 
 # What a batch may hold: the verbs that never wait there.
 BATCH_VERBS = frozenset({"apply", "settle", "receive"})
-
-
-def held_lock(receive_args: Any) -> str | None:
-    """The lock a receive's arguments name as its caller's already (`lock_id`), if any."""
-    options = receive_args[2] if len(receive_args) > 2 else None
-    return options.get("lock_id") if isinstance(options, dict) else None
 
 
 class BatchVerbs:

@@ -19,7 +19,8 @@ them would take. The broker takes for them there and then, in order, as soon as 
 something to take, so a waiting receive gets its messages in the round trip that brought the
 news. One that got nothing (others took what came) waits on in the next call. A receive whose
 caller left before its taken messages came back hands them back (`abandon`: the broker returns
-them to the queue without counting a rollback toward poison; nobody tried to process them).
+them to the queue without counting a rollback toward poison; nobody tried to process them),
+but for a receive under a lock its caller already holds: what that reads stays under the lock.
 
 A receive's arguments name its lock holder: (holder id, a handle the broker watches it by). In a
 batch (or a shared wait) the handle goes once per holder; later receives of the same holder carry
@@ -38,6 +39,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from .envelope import held_lock
 
 Call = tuple[str, tuple[Any, ...]]
 Outcome = tuple[bool, Any]  # (True, result) or (False, the error)
@@ -106,13 +109,16 @@ class Coalescer:
         """A receive: `args` as the broker's receive takes them (queue, wait, options, owner,
         settle, reader); waits up to `wait` seconds for messages, as the verb does."""
         deadline = time.monotonic() + wait
-        result = await self.call("receive", args, empty)
+        # what a receive under its caller's own lock returns stays under that lock, the
+        # caller's: never given back, even if the caller leaves
+        keep = held_lock(args) is not None
+        result = await self.call("receive", args, None if keep else empty)
         if not empty(result) or args[4] is not None:
             return result  # got something, or settled something: answer now
         left = deadline - time.monotonic()
         if left <= 0:
             return result
-        got = await self._watch(args[0]).wait(left, args, empty)
+        got = await self._watch(args[0]).wait(left, args, empty, keep)
         return result if got is None else got
 
     def give_back(self, taken: Any) -> None:
@@ -186,12 +192,18 @@ class Coalescer:
 
 
 class _Waiter:
-    __slots__ = ("deadline", "future", "args", "empty")
+    __slots__ = ("deadline", "future", "args", "empty", "keep")
 
     def __init__(
-        self, deadline: float, future: asyncio.Future, args: tuple[Any, ...], empty: Any
+        self,
+        deadline: float,
+        future: asyncio.Future,
+        args: tuple[Any, ...],
+        empty: Any,
+        keep: bool = False,
     ) -> None:
         self.deadline, self.future, self.args, self.empty = deadline, future, args, empty
+        self.keep = keep  # what it takes is never given back (see `Coalescer.receive`)
 
 
 class _Watch:
@@ -204,19 +216,23 @@ class _Watch:
         self.waiting = 0  # receives waiting now
 
     async def wait(
-        self, timeout: float, args: tuple[Any, ...], empty: Callable[[Any], bool]
+        self,
+        timeout: float,
+        args: tuple[Any, ...],
+        empty: Callable[[Any], bool],
+        keep: bool = False,
     ) -> Any:
         """What the broker took for this receive, or None if `timeout` ran out first."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._send_soon(_Waiter(time.monotonic() + timeout, future, args, empty), loop)
+        self._send_soon(_Waiter(time.monotonic() + timeout, future, args, empty, keep), loop)
         self.waiting += 1
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             pass
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.exception() is None:
+            if not keep and future.done() and not future.cancelled() and future.exception() is None:
                 self.owner.give_back(future.result())  # taken for it; its caller left first
             raise
         finally:
@@ -252,7 +268,7 @@ class _Watch:
         loop = asyncio.get_running_loop()
         for w, (ok, value) in zip(waiters, outcomes, strict=True):
             if w.future.done():
-                if ok and not w.empty(value):
+                if ok and not w.keep and not w.empty(value):
                     self.owner.give_back(value)
             elif not ok:
                 w.future.set_exception(value)

@@ -353,6 +353,13 @@ def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
 NOTHING_RECEIVED = pack_received([])  # the answer of a receive that took nothing
 
 
+def held_lock(receive_args: Any) -> str | None:
+    """The lock a receive's arguments (queue, wait, options, ...) name as its caller's already
+    (`lock_id`), if any: what such a receive returns stays under that lock, its caller's."""
+    options = receive_args[2] if len(receive_args) > 2 else None
+    return options.get("lock_id") if isinstance(options, dict) else None
+
+
 def unpack_received(blob: bytes) -> list[ReceivedGroup]:
     out = []
     for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):

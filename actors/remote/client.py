@@ -24,7 +24,7 @@ from ..batchverbs import BATCH_VERBS
 from ..calloop import call_loop, on_call_loop_thread
 from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
-from ..envelope import NOTHING_RECEIVED, unpack_received
+from ..envelope import NOTHING_RECEIVED, held_lock, unpack_received
 from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
 from ..ordering import Issuer
 from ..verbs import Verbs, lock_ids
@@ -333,10 +333,10 @@ class AsyncBroker(Verbs):
     ) -> list[tuple[bool, Any]]:
         return await self._direct(_Call(self._sync, "wait_take", (queue, timeout, takes)), None)
 
-    async def _give_back(self, taken: bytes) -> None:
-        """Return what the broker took for a waiting receive whose caller left (not a rollback:
-        it does not count toward the queue's poison limit)."""
-        ids = lock_ids(unpack_received(taken))
+    async def _give_back(self, taken: bytes | list[str]) -> None:
+        """Return what the broker took for a receive whose caller left (a receive's answer, or
+        its lock ids); not a rollback: it does not count toward the queue's poison limit."""
+        ids = lock_ids(unpack_received(taken)) if isinstance(taken, bytes) else taken
         try:
             await self._direct(_Call(self._sync, "give_back", (ids,)), None)
         except InvalidArgument:  # a broker older than the verb: a rollback, as before it
@@ -365,8 +365,41 @@ class AsyncBroker(Verbs):
                     return call.answer(await self._sync.result_async(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     await asyncio.sleep(call.failed(exc))
+        except asyncio.CancelledError:  # the caller left (a sync caller's KeyboardInterrupt)
+            self._give_back_when_answered(call)
+            raise
         finally:
             call.close()
+
+    def _give_back_when_answered(self, call: _Call) -> None:
+        """A lock-taking call whose caller left while the broker ran it: what it takes is given
+        back when its answer comes. Kept, those groups would stay locked by nobody until their
+        lease ran out, and that rollback would count toward the queue's poison limit."""
+        ref = call.ref
+        if ref is None or call.method not in ("receive", "get_conversation_group"):
+            return
+        answer = ref if isinstance(ref, asyncio.Future) else asyncio.wrap_future(ref.future())
+
+        def answered(future: asyncio.Future) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            ids = _taken_locks(call.method, call.args, future.result())
+            if ids:
+                self._coalescer().give_back(ids)
+
+        answer.add_done_callback(answered)
+
+
+def _taken_locks(method: str, args: tuple[Any, ...], answer: Any) -> list[str]:
+    """The locks a lock-taking call's answer (as the broker sent it) took for its caller; none
+    for a receive under a lock its caller already holds (what that read stays the caller's)."""
+    if method == "receive":
+        if held_lock(args) is not None or not isinstance(answer, bytes):
+            return []
+        return [] if answer == NOTHING_RECEIVED else lock_ids(unpack_received(answer))
+    if method == "get_conversation_group" and isinstance(answer, tuple | list) and answer:
+        return [answer[1]]
+    return []
 
 
 def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:

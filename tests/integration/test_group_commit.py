@@ -5,7 +5,9 @@ none twice. A real Ray broker on a real SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 
 import ray
 
@@ -13,6 +15,7 @@ from actors import Begin, Queue, Send, Service
 from actors.calloop import call_loop
 from actors.errors import UnknownMessageType
 from actors.ordering import Issuer
+from actors.remote.client import lock_holder
 from tests.polling import apoll
 
 
@@ -119,6 +122,40 @@ def test_what_is_given_back_returns_to_the_queue_without_counting_toward_poison(
     [group] = broker.receive("Q")
     assert [m.body for m in group.messages] == [b"m"]  # the same message, waiting again
     broker.commit(group)
+
+
+def test_a_lone_receive_whose_caller_left_gives_back_what_the_broker_then_took(make_broker):
+    """A sync handle's receive goes alone over the call loop (`aio.one_call`); its caller's
+    KeyboardInterrupt cancels it there. One cancelled while it waits at the broker: what the
+    broker takes for it when a message comes goes back to the queue at once, not when its
+    lease runs out, and counts toward no poison limit."""
+    broker = make_broker()
+    broker.create(Queue("Q", poison_limit=1))
+    broker.create(Service("S", "Q", ["DEFAULT"]))
+    broker.create(Service("Init", "Q"))
+    [h] = broker.apply([Begin("Init", "S")])["handles"]
+    options = {"max_groups": 1, "top": None, "group_id": None, "handle": None, "lease_s": 300.0}
+
+    async def leave_while_it_waits(body: bytes) -> list:
+        args = ("Q", 120.0, options, lock_holder(), None, None)
+        receive = asyncio.ensure_future(broker.aio.one_call("receive", args, None))
+        await asyncio.sleep(0)  # a yield: it starts, and its call is numbered first
+        await broker.aio.queues()  # answered once the receive has started at the broker
+        receive.cancel()  # its caller leaves while it waits there
+        with contextlib.suppress(asyncio.CancelledError):
+            await receive
+        await broker.aio.send(h, "DEFAULT", body)  # taken for the departed receive
+        deadline = time.monotonic() + 30  # far inside its 300 s lease
+        while not (groups := await broker.aio.receive("Q", wait=0.5)):
+            assert time.monotonic() < deadline, "what it took did not come back"
+        return groups
+
+    for body in (b"one", b"two"):  # twice the poison limit
+        [group] = asyncio.run(leave_while_it_waits(body))
+        assert [m.body for m in group.messages] == [body]
+        broker.commit(group)
+    queue = broker.queues()["Q"]
+    assert queue["enabled"] and queue["rollbacks_in_a_row"] == 0, queue
 
 
 def _run_threads(work: list) -> None:

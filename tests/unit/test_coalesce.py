@@ -175,6 +175,37 @@ def test_what_a_receive_took_after_its_caller_left_mid_call_is_given_back():
     assert reader.cancelled() and broker.given_back == ["m1"] and not broker.queue
 
 
+def test_what_a_receive_under_its_callers_own_lock_read_is_never_given_back():
+    """Its groups stay under the lock the caller holds, mid-call or while it waited."""
+    broker = HeldBroker()
+    broker.put("m1")
+
+    async def main():
+        c = broker.coalescer()
+        reader = _reader(c, options={"lock_id": "L1"})
+        await apoll(lambda: broker.arrived, "the receive to reach the broker")
+        reader.cancel()  # its caller leaves while the receive is at the broker
+        broker.release.set()
+        await apoll(lambda: not broker.queue, "the broker to take for it")
+        waiting = _reader(c, options={"lock_id": "L1"})  # finds nothing, waits
+        await apoll(lambda: broker.waits, "the second receive to wait")
+        waiting.cancel()
+        broker.put("m2")
+        await apoll(lambda: broker.taken_in_waits, "the broker to take for the waiting one")
+        # a receive of another caller, not under a lock, after them: given back as ever
+        waits = broker.waits
+        other = _reader(c)
+        await apoll(lambda: broker.waits > waits, "the third receive to wait")
+        other.cancel()
+        broker.put("m3")
+        await apoll(lambda: broker.given_back, "what the third took to be given back")
+        return reader, waiting
+
+    reader, waiting = asyncio.run(main())
+    assert reader.cancelled() and waiting.cancelled()
+    assert broker.taken_in_waits == ["m2", "m3"] and broker.given_back == ["m3"]
+
+
 def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     broker = Broker()
 
