@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import checks
 from .envelope import NOTHING_RECEIVED as NOTHING
-from .envelope import held_lock, pack_received, unpack_ops, unpack_received
+from .envelope import pack_received, taken_locks, unpack_ops
 from .errors import BrokerError, InvalidArgument
 from .ordering import Order
 from .replies import Replies, takes_locks
@@ -177,26 +177,9 @@ class BatchVerbs:
         already held (`lock_id`): that read moved the client's lock on, which giving back
         cannot undo, so the answer stays kept for the call's retry. Returns how many locks
         were given back."""
-        if method == "get_conversation_group":
-            receives, ids = [], [result[1]] if result else []
-        elif method in ("receive", "calls", "wait_take"):
-            if method == "receive":
-                receives, taken = [args], [result]
-            elif method == "calls":
-                receives = [a for m, a in args[0] if m == "receive"]
-                taken = [value for ok, value in result if ok]
-            else:
-                receives, taken = list(args[2]), [value for ok, value in result if ok]
-            ids = [
-                g.lock_id
-                for blob in taken
-                if isinstance(blob, bytes) and blob != NOTHING
-                for g in unpack_received(blob)
-            ]
-        else:
-            return 0
-        if any(held_lock(r) is not None for r in receives):
+        ids = taken_locks(method, args, result)
+        if not ids:
             return 0
         if not self.replies.lost(order):
             return 0  # another arrival of the call has its answer: what it took is the client's
-        return self.core.give_back(ids) if ids else 0
+        return self.core.give_back(ids)

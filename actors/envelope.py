@@ -360,6 +360,32 @@ def held_lock(receive_args: Any) -> str | None:
     return options.get("lock_id") if isinstance(options, dict) else None
 
 
+def taken_locks(method: str, args: Any, answer: Any) -> list[str]:
+    """The locks a call's answer (as the broker sends it) took for its caller: a receive's, a
+    batch's receives', a shared wait's takes', a conversation group's. None when a receive in
+    it read under a lock its caller already held: that read moved the caller's lock on, so
+    what it returned stays the caller's."""
+    if method == "get_conversation_group":
+        return [answer[1]] if answer else []
+    if method == "receive":
+        receives, taken = [args], [answer]
+    elif method == "calls":
+        receives = [a for m, a in args[0] if m == "receive"]
+        taken = [value for ok, value in answer if ok]
+    elif method == "wait_take":
+        receives, taken = list(args[2]), [value for ok, value in answer if ok]
+    else:
+        return []
+    if any(held_lock(r) is not None for r in receives):
+        return []
+    return [
+        g.lock_id
+        for blob in taken
+        if isinstance(blob, bytes) and blob != NOTHING_RECEIVED
+        for g in unpack_received(blob)
+    ]
+
+
 def unpack_received(blob: bytes) -> list[ReceivedGroup]:
     out = []
     for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):

@@ -24,7 +24,7 @@ from ..batchverbs import BATCH_VERBS
 from ..calloop import call_loop, on_call_loop_thread
 from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
-from ..envelope import NOTHING_RECEIVED, held_lock, unpack_received
+from ..envelope import NOTHING_RECEIVED, taken_locks, unpack_received
 from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
 from ..ordering import Issuer
 from ..verbs import Verbs, lock_ids
@@ -383,23 +383,11 @@ class AsyncBroker(Verbs):
         def answered(future: asyncio.Future) -> None:
             if future.cancelled() or future.exception() is not None:
                 return
-            ids = _taken_locks(call.method, call.args, future.result())
+            ids = taken_locks(call.method, call.args, future.result())
             if ids:
                 self._coalescer().give_back(ids)
 
         answer.add_done_callback(answered)
-
-
-def _taken_locks(method: str, args: tuple[Any, ...], answer: Any) -> list[str]:
-    """The locks a lock-taking call's answer (as the broker sent it) took for its caller; none
-    for a receive under a lock its caller already holds (what that read stays the caller's)."""
-    if method == "receive":
-        if held_lock(args) is not None or not isinstance(answer, bytes):
-            return []
-        return [] if answer == NOTHING_RECEIVED else lock_ids(unpack_received(answer))
-    if method == "get_conversation_group" and isinstance(answer, tuple | list) and answer:
-        return [answer[1]]
-    return []
 
 
 def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:

@@ -89,7 +89,7 @@ def test_a_caller_interrupted_while_waiting_cancels_its_call():
     async def slow() -> None:
         started.set()
         try:
-            await asyncio.sleep(60)
+            await asyncio.Event().wait()  # until it is cancelled
         except asyncio.CancelledError:
             cancelled.set()
             raise
