@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import checks
 from .envelope import NOTHING_RECEIVED as NOTHING
-from .envelope import pack_received, taken_locks, unpack_ops
+from .envelope import pack_received, placed, taken_locks, unpack_ops
 from .errors import BrokerError, InvalidArgument
-from .ordering import Order
+from .ordering import Order, call_key
 from .replies import Replies, takes_locks
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class BatchVerbs:
             )
         await self._order.turn(order)
         self.replies.passed(order[0], order[2])
+        args = placed(method, args, call_key(order, -1))
         if takes_locks(method, args):  # run once, however often it arrives
             return await self.replies.once(order, lambda: self.verb(method, *args))
         return await self.verb(method, *args)
@@ -87,12 +88,14 @@ class BatchVerbs:
         await self._order.turn(order)
         self.replies.passed(order[0], order[2])
         if takes_locks("calls", (batch,)):  # run once, however often it arrives
-            return await self.replies.once(order, lambda: self._calls(batch))
-        return await self._calls(batch)
+            return await self.replies.once(order, lambda: self._calls(order, batch))
+        return await self._calls(order, batch)
 
-    async def _calls(self, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
+    async def _calls(self, order: Order, batch: list[tuple[str, tuple[Any, ...]]]) -> list:
         started = time.perf_counter()
-        answers = [self._start_batched(entry) for entry in batch]  # all in one group commit
+        # all in one group commit; a change with no request id of its own is recorded under
+        # its place in the order, which a retry of the batch shares
+        answers = [self._start_batched(e, call_key(order, i)) for i, e in enumerate(batch)]
         out: list[tuple[bool, Any]] = []
         for answer in answers:
             try:
@@ -106,7 +109,7 @@ class BatchVerbs:
                 self.metrics.observe_call(method, elapsed)
         return out
 
-    def _start_batched(self, entry: Any) -> asyncio.Future:
+    def _start_batched(self, entry: Any, key: tuple[str, int, int]) -> asyncio.Future:
         try:
             if not (isinstance(entry, list | tuple) and len(entry) == 2):
                 raise InvalidArgument(f"a batched call must be (method, args), not {entry!r}")
@@ -117,6 +120,7 @@ class BatchVerbs:
                 )
             if not isinstance(args, list | tuple):
                 raise InvalidArgument(f"the arguments of a batched {method} must be a list")
+            args = placed(method, args, key)
             if method == "apply":
                 return self._start_apply(*args)
             if method == "settle":

@@ -353,6 +353,33 @@ def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
 NOTHING_RECEIVED = pack_received([])  # the answer of a receive that took nothing
 
 
+def placed(method: str, args: Any, key: tuple[str, int, int]) -> Any:
+    """A call's arguments with `key` (its place in its client's order, actors.ordering) as the
+    request id of its change when the caller gave none: an apply's, a settle's, a receive's
+    settle part's. Arguments of another shape are left for the verb to refuse."""
+    if method == "apply":
+        if len(args) == 2 and _unnamed(args[1]):
+            return args[0], key
+    elif method == "settle":
+        if len(args) == 5 and _unnamed(args[4]):
+            return (*args[:4], key)
+    elif method == "receive" and len(args) == 6:
+        settle = args[4]
+        if isinstance(settle, list | tuple) and len(settle) == 5 and _unnamed(settle[4]):
+            return (*args[:4], (*settle[:4], key), args[5])
+    return args
+
+
+def _unnamed(request_id: Any) -> bool:
+    """Whether a request id from a client is absent (None); one that is neither absent nor a
+    non-empty string is refused, a client cannot pass a place in the order as its own."""
+    if request_id is None:
+        return True
+    if type(request_id) is not str or not request_id:
+        raise InvalidArgument(f"request_id must be a non-empty string, not {shown(request_id)}")
+    return False
+
+
 def held_lock(receive_args: Any) -> str | None:
     """The lock a receive's arguments (queue, wait, options, ...) name as its caller's already
     (`lock_id`), if any: what such a receive returns stays under that lock, its caller's."""

@@ -46,6 +46,12 @@ GAP_S = 5.0  # how long a call waits for a missing predecessor before the broker
 IDLE_S = 600.0  # a client with no calls for this long is forgotten (its next call starts afresh)
 
 Order = tuple[str, int, int]  # (client id, sequence number, floor) sent with every call
+# A change's request id: the caller's own string, or, for a call that carries none, its place in
+# its client's order (`call_key`). A retry comes with the same order, so it finds what the first
+# arrival recorded, and the calls of one numbered client call (a coalesced batch of a hundred)
+# are recorded in one row (actors.store) rather than a row each.
+CallKey = tuple[str, int, int]  # (client id, number, index in its batch; -1: a call alone)
+RequestId = str | CallKey
 
 
 class Issuer:
@@ -113,6 +119,12 @@ def check_order(order: object) -> Order:
         f"a call's order must be (client id of 1-64 characters, number, floor) with "
         f"0 <= floor <= number, not {order!r}; send calls through a Broker handle"
     )
+
+
+def call_key(order: Order, index: int) -> CallKey:
+    """The request id of the `index`th call of client call `order` (-1: a call alone), for a
+    change whose caller gave none."""
+    return order[0], order[1], index
 
 
 class _Client:

@@ -42,7 +42,7 @@ from .errors import (
 from .groupcommit import GroupCommit
 from .holders import Holder, LockHolders
 from .metrics import SAMPLE_EVERY_S, MetricsSink
-from .ordering import Sequencer
+from .ordering import RequestId, Sequencer
 from .replies import Replies
 from .routeverbs import RouteVerbs
 from .store import Store
@@ -282,10 +282,10 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
     async def drop(self, kind: str, name: str, request_id: str) -> None:
         self.core.drop(kind, name, request_id)
 
-    async def apply(self, ops: bytes, request_id: str) -> dict[str, Any]:
+    async def apply(self, ops: bytes, request_id: RequestId | None) -> dict[str, Any]:
         return await self._start_apply(ops, request_id)
 
-    def _start_apply(self, ops: bytes, request_id: str) -> asyncio.Future:
+    def _start_apply(self, ops: bytes, request_id: RequestId | None) -> asyncio.Future:
         unpacked = unpack_ops(ops)
         shares = sends_only(unpacked)
         if not shares and any(isinstance(op, Begin | Timer) for op in unpacked):

@@ -17,8 +17,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import msgpack
+
 from .checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from .errors import InvalidArgument, StoreError
+from .ordering import RequestId
+from .packing import packb
 from .savepoints import HeldWrites, Savepoint
 from .storefile import Connection, check_file, lock, reason
 from .storetransmission import TransmissionRows
@@ -58,6 +62,9 @@ CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY, at REAL NOT NULL, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT PRIMARY KEY, at REAL NOT NULL, result BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS call_requests (
+    id INTEGER PRIMARY KEY, call TEXT NOT NULL, at REAL NOT NULL, results BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS call_requests_call ON call_requests (call);
 """
 
 ENDPOINT_COLUMNS = (
@@ -337,12 +344,10 @@ class Store(TransmissionRows):
     def queue_rows(self, group_nos: Sequence[int], limit: int) -> list[tuple[Any, ...]]:
         """Messages of the given groups in queue order, for the queue view (with status)."""
         out: list[tuple[Any, ...]] = []
-        for i in range(0, len(group_nos), 500):
-            chunk = list(group_nos[i : i + 500])
-            marks = ",".join("?" * len(chunk))
+        for chunk in _parts(list(group_nos)):
             out += self.db.execute(
                 f"SELECT {MESSAGE_COLUMNS}, group_no, status FROM messages "
-                f"WHERE group_no IN ({marks}) ORDER BY id LIMIT ?",
+                f"WHERE group_no IN ({_marks(chunk)}) ORDER BY id LIMIT ?",
                 (*chunk, limit),
             ).fetchall()
         out.sort(key=lambda r: r[0])
@@ -391,19 +396,63 @@ class Store(TransmissionRows):
         assert table in ("events", "audit")
         self.db.execute(f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table})-?", (keep,))
 
-    def request_results(self, ids: Sequence[str]) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}  # those of `ids` already applied: their recorded results
-        for i in range(0, len(ids), 500):  # within SQLite's bound on parameters
-            part = ids[i : i + 500]
-            marks = ",".join("?" * len(part))
-            q = f"SELECT request_id, result FROM requests WHERE request_id IN ({marks})"
+    def request_results(self, ids: Sequence[RequestId]) -> dict[RequestId, bytes]:
+        """Those of `ids` already applied: their recorded results. An id is the caller's string
+        (a row of its own) or a call's place in its client's order (client, number, index): the
+        calls of one numbered client call share a row (see `put_requests`)."""
+        out: dict[RequestId, bytes] = {}
+        named = [i for i in ids if type(i) is str]
+        for part in _parts(named):
+            q = f"SELECT request_id, result FROM requests WHERE request_id IN ({_marks(part)})"
             out.update(self.db.execute(q, part).fetchall())
+        placed = {i for i in ids if type(i) is tuple}
+        for part in _parts(list({f"{c}:{n}" for c, n, _ in placed})):
+            q = f"SELECT call, results FROM call_requests WHERE call IN ({_marks(part)})"
+            for call, blob in self.db.execute(q, part).fetchall():
+                client, number = call.rsplit(":", 1)
+                for index, result in msgpack.unpackb(blob, strict_map_key=False).items():
+                    key = (client, int(number), index)
+                    if key in placed:
+                        out[key] = result
         return out
 
-    def put_requests(self, rows: Iterable[tuple[str, float, bytes]]) -> None:
-        self.db.executemany("INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)", rows)
+    def put_requests(self, rows: Iterable[tuple[RequestId, float, bytes]]) -> None:
+        """Record applied calls' results. Those named by their place in a client call go one row
+        per client call, however many calls it carried (a coalesced batch: a hundred)."""
+        named: list[tuple[RequestId, float, bytes]] = []
+        calls: dict[tuple[str, int], tuple[float, dict[int, bytes]]] = {}
+        for row in rows:
+            rid = row[0]
+            if type(rid) is str:
+                named.append(row)
+                continue
+            entry = calls.get(rid[:2])
+            if entry is None:
+                entry = calls[rid[:2]] = (row[1], {})
+            entry[1][rid[2]] = row[2]
+        if named:
+            q = "INSERT INTO requests (request_id, at, result) VALUES (?, ?, ?)"
+            self.db.executemany(q, named)
+        if calls:
+            self.db.executemany(
+                "INSERT INTO call_requests (call, at, results) VALUES (?, ?, ?)",
+                [(f"{c}:{n}", at, packb(results)) for (c, n), (at, results) in calls.items()],
+            )
 
     def prune_requests(self, before: float) -> None:
         # rows come in time order: delete those before the first one young enough to keep
-        q = "SELECT rowid FROM requests WHERE at >= ? ORDER BY rowid LIMIT 1"
-        self.db.execute(f"DELETE FROM requests WHERE rowid < COALESCE(({q}), 1 << 62)", (before,))
+        for table in ("requests", "call_requests"):
+            q = f"SELECT rowid FROM {table} WHERE at >= ? ORDER BY rowid LIMIT 1"
+            self.db.execute(
+                f"DELETE FROM {table} WHERE rowid < COALESCE(({q}), 1 << 62)", (before,)
+            )
+
+
+def _parts(items: list[Any]) -> Iterator[list[Any]]:
+    """`items` in runs within SQLite's bound on a statement's parameters."""
+    for i in range(0, len(items), 500):
+        yield items[i : i + 500]
+
+
+def _marks(part: list[Any]) -> str:
+    return ",".join("?" * len(part))

@@ -50,8 +50,15 @@ def lock_ids(groups: Iterable[LockRef] | LockRef) -> list[str]:
 def _request_id(request_id: str | None) -> str:
     """The caller's request id (a retried task passes the same one, so it applies once) or a
     fresh one."""
+    return _own_request_id(request_id) or new_request_id()
+
+
+def _own_request_id(request_id: str | None) -> str | None:
+    """The caller's request id, checked, or None. A change sent without one is recorded under
+    its place in the handle's order (actors.ordering.call_key), which the handle's retries of
+    the call share: one record per coalesced batch instead of one per call."""
     if request_id is None:
-        return new_request_id()
+        return None
     if not isinstance(request_id, str) or not request_id or len(request_id) > 200:
         raise InvalidArgument(
             f"request_id must be a non-empty string of at most 200 characters, not {request_id!r}"
@@ -139,7 +146,7 @@ class Verbs:
         """Begin, Send, End and Timer operations, in order, in one call and one transaction.
         Returns {"handles": [handles begun], "sent": messages sent}. A retried call with the same
         `request_id` is applied once."""
-        return self._call("apply", self._pack(ops), _request_id(request_id))
+        return self._call("apply", self._pack(ops), _own_request_id(request_id))
 
     def begin_dialog(
         self,
@@ -162,8 +169,7 @@ class Verbs:
             related_group=related_group,
             lifetime=lifetime,
         )
-        rid = new_request_id()
-        return self._call("apply", self._pack([op]), rid, post=lambda r: r["handles"][0])
+        return self._call("apply", self._pack([op]), None, post=lambda r: r["handles"][0])
 
     def send(self, handles: str | Sequence[str], message_type: str, body: bytes = b"") -> Any:
         """SEND one message on one or several conversations. For many, use `apply([Send(...)])`."""
@@ -226,7 +232,7 @@ class Verbs:
         settle = None
         commit, rollback = lock_ids(commit), lock_ids(rollback)
         if commit or rollback or ops or states:
-            settle = (commit, rollback, self._pack(ops), checks.states(states), new_request_id())
+            settle = (commit, rollback, self._pack(ops), checks.states(states), None)
         return self._call(
             "receive", queue, wait, options, self._owner(), settle, reader, post=unpack_received
         )
@@ -264,7 +270,7 @@ class Verbs:
             lock_ids(rollback),
             self._pack(ops),
             checks.states(states),
-            _request_id(request_id),
+            _own_request_id(request_id),
         )
 
     def commit(

@@ -45,7 +45,7 @@ def _options(max_groups: int, top: int | None) -> dict:
 
 
 def _settle(locks: list[str]) -> tuple | None:
-    return (locks, [], pack_ops([]), {}, new_request_id()) if locks else None
+    return (locks, [], pack_ops([]), {}, None) if locks else None  # recorded by its place
 
 
 class Client:
@@ -70,10 +70,7 @@ def many_clients(client: Client, handles: list[str]) -> Round:
     held: list[list[str]] = [[] for _ in handles]  # each consumer's lock to commit next
 
     async def one_round() -> None:
-        batch = [
-            ("apply", (pack_ops([Send(h, "DEFAULT", [bytes(100)])]), new_request_id()))
-            for h in handles
-        ]
+        batch = [("apply", (pack_ops([Send(h, "DEFAULT", [bytes(100)])]), None)) for h in handles]
         for locks in held:
             batch.append(("receive", ("T", 0.0, options, OWNER, _settle(locks), None)))
         outcomes = await client.calls(batch)
@@ -89,7 +86,7 @@ def paced(client: Client, handles: list[str], consumers: int = 4) -> Round:
 
     async def one_round() -> None:
         ops = pack_ops([Send(h, "DEFAULT", [bytes(100)]) for h in handles])
-        await client.calls([("apply", (ops, new_request_id()))])
+        await client.calls([("apply", (ops, None))])
         got = 0
         while got < len(handles):
             for c in range(consumers):

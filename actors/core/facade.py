@@ -12,6 +12,7 @@ from ..catalog import Catalog
 from ..envelope import Op
 from ..limits import Limits
 from ..locks import LockTable
+from ..ordering import RequestId
 from ..store import Store
 from ..transport import Transport
 from .admin import Admin
@@ -100,7 +101,7 @@ class BrokerCore:
 
     # --- dialogs ---------------------------------------------------------------------------------
 
-    def apply(self, ops: Sequence[Op], request_id: str | None = None) -> dict[str, Any]:
+    def apply(self, ops: Sequence[Op], request_id: RequestId | None = None) -> dict[str, Any]:
         """BEGIN DIALOG / SEND / END CONVERSATION / BEGIN CONVERSATION TIMER, any number of each,
         in order, in one transaction. A `request_id` makes a retried call apply once."""
         return self.uow.run(lambda w: self.conversations.apply_ops(w, ops, frozenset()), request_id)

@@ -13,6 +13,7 @@ from ..catalog import Queue, to_record
 from ..envelope import Op, ReceivedGroup
 from ..errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
 from ..locks import Lock, Turn
+from ..ordering import RequestId
 from .conversations import Conversations
 from .work import Arrived, Changes, Part, Removed, UnitOfWork
 
@@ -153,7 +154,7 @@ class Receiving(Part):
         rollback: Sequence[str] = (),
         ops: Sequence[Op] = (),
         states: Mapping[str, bytes | None] | None = None,
-        request_id: str | None = None,
+        request_id: RequestId | None = None,
     ) -> dict[str, Any]:
         """Commit some received groups and roll back others, in one call.
 

@@ -20,6 +20,7 @@ import msgpack
 from .. import audit
 from ..dialogs import Endpoint, endpoint_settings
 from ..errors import InvalidArgument
+from ..ordering import RequestId
 from ..packing import packb
 from ..store import Store
 
@@ -124,9 +125,9 @@ class _Group:
         self.audit: list[list[Any]] = []  # the units' delivery records: one audit row in all
         self.touched: set[int] = set()  # endpoint numbers: their sequence numbers are written
         self.settled: set[int] = set()  # those whose other columns changed too
-        self.requests: dict[str, tuple[str, float, bytes]] = {}  # request id -> its record
-        self.looked_up: set[str] = set()  # request ids looked up at the group's start
-        self.found: dict[str, bytes] = {}  # those of them applied before: their results
+        self.requests: dict[RequestId, tuple[RequestId, float, bytes]] = {}  # id -> its record
+        self.looked_up: set[RequestId] = set()  # request ids looked up at the group's start
+        self.found: dict[RequestId, bytes] = {}  # those of them applied before: their results
 
 
 class _Shared:
@@ -167,7 +168,7 @@ class UnitOfWork:
         self._shared: _Shared | None = None  # the open shared unit, if any
 
     def run(
-        self, fn: Callable[[Changes], T], request_id: str | None = None, checked: bool = False
+        self, fn: Callable[[Changes], T], request_id: RequestId | None = None, checked: bool = False
     ) -> T:
         """Run `fn` in one transaction; on any error undo everything it did. With a
         `request_id`, a call already applied under it answers as it did then (`checked`: the
@@ -228,7 +229,12 @@ class UnitOfWork:
         return results
 
     def _run_shared(
-        self, s: _Shared, g: _Group, fn: Callable[[Changes], T], request_id: str | None, verb: str
+        self,
+        s: _Shared,
+        g: _Group,
+        fn: Callable[[Changes], T],
+        request_id: RequestId | None,
+        verb: str,
     ) -> T:
         result = fn(s.w)  # an error fails the whole shared unit (its caller then goes alone)
         if request_id is not None:
@@ -242,7 +248,7 @@ class UnitOfWork:
         if w.audit:
             g.audit += w.audit
 
-    def recorded(self, request_id: str, verb: str) -> tuple[bool, Any]:
+    def recorded(self, request_id: RequestId, verb: str) -> tuple[bool, Any]:
         """(True, the answer) if a call was already applied under `request_id`."""
         done = self.done(request_id)
         return (False, None) if done is None else (True, self._recorded(request_id, verb, done))
@@ -260,7 +266,7 @@ class UnitOfWork:
         self._group = g = _Group()
         try:
             with self.store.tx():
-                ids = list({r for r in request_ids if isinstance(r, str) and r})
+                ids = list({r for r in request_ids if isinstance(r, str | tuple) and r})
                 if ids:
                     g.found = self.store.request_results(ids)
                     g.looked_up = set(ids)
@@ -291,7 +297,7 @@ class UnitOfWork:
         return self.store.in_tx_lost
 
     @staticmethod
-    def _recorded(request_id: str, verb: str, blob: bytes) -> Any:
+    def _recorded(request_id: RequestId, verb: str, blob: bytes) -> Any:
         then, result = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         if then != verb:
             raise InvalidArgument(
@@ -300,9 +306,9 @@ class UnitOfWork:
             )
         return result
 
-    def done(self, request_id: str) -> bytes | None:
+    def done(self, request_id: RequestId) -> bytes | None:
         """The recorded result of a call already applied under `request_id`, or None."""
-        if not isinstance(request_id, str) or not request_id:
+        if not (isinstance(request_id, str) and request_id or type(request_id) is tuple):
             raise InvalidArgument("request_id must be a non-empty string")
         g = self._group
         if g is not None and request_id in g.requests:

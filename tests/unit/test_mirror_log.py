@@ -19,7 +19,7 @@ from actors.store import Store
 from tests.unit.conftest import core_snapshot, define_core_catalog, open_core_dialog
 
 TABLES = ("meta", "catalog", "groups", "endpoints", "endpoint_seqs", "messages", "transmission",
-          "routes", "events", "audit", "requests")  # fmt: skip
+          "routes", "events", "audit", "requests", "call_requests")  # fmt: skip
 
 
 def dump(store: Store) -> dict[str, list]:
