@@ -26,6 +26,11 @@ from typing import Any
 
 log = logging.getLogger("raybroker")
 
+# A caller waits on a lock in slices this long: a signal (Ctrl-C) that lands on another of the
+# process's threads does not wake a lock wait, and Python runs its handler in the main thread
+# only when that thread next runs, so a wait without a timeout would never see it.
+WAKE_S = 0.1
+
 
 class _Handoff:
     """One call handed to the loop: its coroutine and its caller's context, then its outcome."""
@@ -85,7 +90,8 @@ class CallLoop:
                 first = len(self._inbox) == 1
             if first:  # the loop drains every handoff queued until it runs: one wake-up for all
                 self.loop.call_soon_threadsafe(self._drain)
-            handoff.done.acquire()
+            while not handoff.done.acquire(timeout=WAKE_S):
+                pass
         except BaseException:
             # interrupted, perhaps before its wake-up was scheduled: the loop drains anyway,
             # so the calls queued behind this one are not left waiting
