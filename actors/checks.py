@@ -63,6 +63,13 @@ MAX_GROUPS = 10_000  # groups one receive may lock
 
 def receive(max_groups: Any, top: Any, lease: Any) -> None:
     """RECEIVE's numbers."""
+    if (
+        type(max_groups) is int
+        and 0 < max_groups <= MAX_GROUPS
+        and (top is None or type(top) is int and 0 < top <= INT_MAX)
+        and lease is None
+    ):
+        return  # the usual receive, checked at once
     whole("max_groups", max_groups, least=1, most=MAX_GROUPS)
     whole("top", top, least=1, none=True)
     seconds("lease", lease, none=True)

@@ -66,7 +66,7 @@ class Changes:
     __slots__ = (
         "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
         "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
-        "after",
+        "after", "sent",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -86,6 +86,7 @@ class Changes:
         self.audit: list[list[Any]] = []  # committed groups' delivery records (actors.audit)
         self.undo: list[Callable[[], None]] = []
         self.after: list[Callable[[], None]] = []
+        self.sent = 0  # messages sent (for the broker's counts)
 
     def touch(self, ep: Endpoint) -> Endpoint:
         """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
@@ -174,14 +175,19 @@ class UnitOfWork:
         `request_id`, a call already applied under it answers as it did then (`checked`: the
         caller has looked already). Inside `group`, the transaction is the group's and `fn`
         gets a savepoint of its own."""
-        verb = _verb(fn)
-        if request_id is not None and not checked:
-            found, result = self.recorded(request_id, verb)
+        g = self._group
+        if request_id is not None and not checked and not self._fresh(g, request_id):
+            found, result = self.recorded(request_id, _verb(fn))
             if found:  # a retry of a call that already committed
                 return result
-        g = self._group
-        if self._shared is not None and g is not None:  # one of a run of calls (see `shared`)
-            return self._run_shared(self._shared, g, fn, request_id, verb)
+        s = self._shared
+        if s is not None and g is not None:  # one of a run of calls (see `shared`)
+            result = fn(s.w)  # an error fails the whole shared unit (its caller then goes alone)
+            if request_id is not None:
+                g.requests[request_id] = (request_id, s.w.now, packb([_verb(fn), result]))
+                s.request_ids.append(request_id)
+            return result
+        verb = _verb(fn)
         w = Changes(now=self.clock())
         try:
             with self.store.savepoint() if g is not None else self.store.tx():
@@ -228,20 +234,6 @@ class UnitOfWork:
         self._joined(g, s.w)
         return results
 
-    def _run_shared(
-        self,
-        s: _Shared,
-        g: _Group,
-        fn: Callable[[Changes], T],
-        request_id: RequestId | None,
-        verb: str,
-    ) -> T:
-        result = fn(s.w)  # an error fails the whole shared unit (its caller then goes alone)
-        if request_id is not None:
-            g.requests[request_id] = (request_id, s.w.now, packb([verb, result]))
-            s.request_ids.append(request_id)
-        return result
-
     def _joined(self, g: _Group, w: Changes) -> None:
         """A unit committed in the group: its indexes change once the group has committed."""
         g.units.append(w)
@@ -250,8 +242,21 @@ class UnitOfWork:
 
     def recorded(self, request_id: RequestId, verb: str) -> tuple[bool, Any]:
         """(True, the answer) if a call was already applied under `request_id`."""
+        if self._fresh(self._group, request_id):
+            return False, None
         done = self.done(request_id)
         return (False, None) if done is None else (True, self._recorded(request_id, verb, done))
+
+    @staticmethod
+    def _fresh(g: _Group | None, request_id: RequestId) -> bool:
+        """Whether `request_id` is known not to be applied: looked up when the group began (and
+        not found), and not applied in it since. Most calls' ids are: no second look."""
+        return (
+            g is not None
+            and request_id in g.looked_up
+            and request_id not in g.found
+            and request_id not in g.requests
+        )
 
     @contextmanager
     def group(self, request_ids: Iterable[Any] = ()) -> Iterator[None]:
@@ -398,6 +403,7 @@ class UnitOfWork:
             ep = st.endpoints.get(no)
             if ep is not None and ep.due_times() != w.touched[no].due_times():
                 st.schedule(ep)
+        st.counts.sent += w.sent
         for fn in w.after:
             fn()
         for e in w.events:
