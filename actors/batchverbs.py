@@ -16,7 +16,7 @@ from . import checks
 from .envelope import NOTHING_RECEIVED as NOTHING
 from .envelope import pack_received, placed, taken_locks, unpack_ops
 from .errors import BrokerError, InvalidArgument
-from .ordering import Order, call_key
+from .ordering import CallKey, Order, call_key
 from .replies import Replies, takes_locks
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class BatchVerbs:
                 self.metrics.observe_call(method, elapsed)
         return out
 
-    def _start_batched(self, entry: Any, key: tuple[str, int, int]) -> asyncio.Future:
+    def _start_batched(self, entry: Any, key: CallKey) -> asyncio.Future:
         try:
             if not (isinstance(entry, list | tuple) and len(entry) == 2):
                 raise InvalidArgument(f"a batched call must be (method, args), not {entry!r}")

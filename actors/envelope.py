@@ -18,6 +18,7 @@ from .catalog import DEFAULT, ERROR, check_name
 from .dialogs import check_error, parse_error_body
 from .errors import InvalidArgument, InvalidDefinition
 from .ids import new_uuid
+from .ordering import CallKey
 from .packing import packb
 from .routing import check_broker_id
 
@@ -353,7 +354,7 @@ def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
 NOTHING_RECEIVED = pack_received([])  # the answer of a receive that took nothing
 
 
-def placed(method: str, args: Any, key: tuple[str, int, int]) -> Any:
+def placed(method: str, args: Any, key: CallKey) -> Any:
     """A call's arguments with `key` (its place in its client's order, actors.ordering) as the
     request id of its change when the caller gave none: an apply's, a settle's, a receive's
     settle part's. Arguments of another shape are left for the verb to refuse."""

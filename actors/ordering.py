@@ -50,7 +50,15 @@ Order = tuple[str, int, int]  # (client id, sequence number, floor) sent with ev
 # its client's order (`call_key`). A retry comes with the same order, so it finds what the first
 # arrival recorded, and the calls of one numbered client call (a coalesced batch of a hundred)
 # are recorded in one row (actors.store) rather than a row each.
-CallKey = tuple[str, int, int]  # (client id, number, index in its batch; -1: a call alone)
+
+
+class CallKey(tuple):
+    """(client id, number, index in its batch; -1: a call alone). A type of its own: one made
+    here, never one a client sent (a wire tuple is refused as a request id)."""
+
+    __slots__ = ()
+
+
 RequestId = str | CallKey
 
 
@@ -124,7 +132,7 @@ def check_order(order: object) -> Order:
 def call_key(order: Order, index: int) -> CallKey:
     """The request id of the `index`th call of client call `order` (-1: a call alone), for a
     change whose caller gave none."""
-    return order[0], order[1], index
+    return CallKey((order[0], order[1], index))
 
 
 class _Client:

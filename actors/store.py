@@ -405,7 +405,7 @@ class Store(TransmissionRows):
         for part in _parts(named):
             q = f"SELECT request_id, result FROM requests WHERE request_id IN ({_marks(part)})"
             out.update(self.db.execute(q, part).fetchall())
-        placed = {i for i in ids if type(i) is tuple}
+        placed = {i for i in ids if isinstance(i, tuple)}
         for part in _parts(list({f"{c}:{n}" for c, n, _ in placed})):
             q = f"SELECT call, results FROM call_requests WHERE call IN ({_marks(part)})"
             for call, blob in self.db.execute(q, part).fetchall():

@@ -20,7 +20,7 @@ import msgpack
 from .. import audit
 from ..dialogs import Endpoint, endpoint_settings
 from ..errors import InvalidArgument
-from ..ordering import RequestId
+from ..ordering import CallKey, RequestId
 from ..packing import packb
 from ..store import Store
 
@@ -271,7 +271,7 @@ class UnitOfWork:
         self._group = g = _Group()
         try:
             with self.store.tx():
-                ids = list({r for r in request_ids if isinstance(r, str | tuple) and r})
+                ids = list({r for r in request_ids if isinstance(r, str | CallKey) and r})
                 if ids:
                     g.found = self.store.request_results(ids)
                     g.looked_up = set(ids)
@@ -313,7 +313,7 @@ class UnitOfWork:
 
     def done(self, request_id: RequestId) -> bytes | None:
         """The recorded result of a call already applied under `request_id`, or None."""
-        if not (isinstance(request_id, str) and request_id or type(request_id) is tuple):
+        if not (isinstance(request_id, str) and request_id or type(request_id) is CallKey):
             raise InvalidArgument("request_id must be a non-empty string")
         g = self._group
         if g is not None and request_id in g.requests:

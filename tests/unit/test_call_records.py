@@ -172,3 +172,19 @@ def test_a_request_id_the_caller_gave_is_kept_and_an_absent_one_becomes_the_call
     receive = ("T", 0.0, {}, None, settle, None)
     assert placed("receive", receive, key)[4] == ([], [], b"ops", {}, key)
     assert placed("receive", ("T", 0.0, {}, None, None, None), key)[4] is None  # no settle
+
+
+def test_a_tuple_from_a_client_is_refused_as_the_request_id_of_any_verb(tmp_path):
+    # a place in the order is made by the broker (`call_key`), never taken from a client: a
+    # tuple sent as a catalog verb's request id is refused, and nothing is defined
+    async def main():
+        service = await _open(str(tmp_path / "b.sqlite"))
+        try:
+            q = Queue("Q")
+            with pytest.raises(InvalidArgument, match="request_id must be a non-empty string"):
+                await service.define(kind_of(q), to_record(q), ("client", 1, 0))
+            return service.core.catalog.queues
+        finally:
+            await service.close()
+
+    assert "Q" not in asyncio.run(main())
