@@ -79,10 +79,20 @@ def test_calls_queued_while_the_loop_is_busy_are_taken_in_one_turn():
     assert loop.drains == drains + 1  # one wake-up for the twenty
 
 
+def _to_the_process(loop: CallLoop) -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _to_the_loops_thread(loop: CallLoop) -> None:
+    # a process-directed Ctrl-C may be delivered to any thread: the caller must still see it
+    signal.pthread_kill(loop.thread.ident, signal.SIGINT)
+
+
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
 )
-def test_a_caller_interrupted_while_waiting_cancels_its_call():
+@pytest.mark.parametrize("interrupt_with", [_to_the_process, _to_the_loops_thread])
+def test_a_caller_interrupted_while_waiting_cancels_its_call(interrupt_with):
     loop = CallLoop()
     started, cancelled = threading.Event(), threading.Event()
 
@@ -96,38 +106,13 @@ def test_a_caller_interrupted_while_waiting_cancels_its_call():
 
     def interrupt() -> None:
         started.wait(30)
-        os.kill(os.getpid(), signal.SIGINT)
+        interrupt_with(loop)
 
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         loop.run(slow())
     wait_until(cancelled.is_set, what="the interrupted call to be cancelled")
     assert loop.run(_echo(1)) == (1, loop.thread)  # the loop goes on
-
-
-def test_a_caller_interrupted_by_a_signal_that_lands_on_another_thread_cancels_its_call():
-    # a process-directed Ctrl-C may be delivered to any thread; the waiting caller must still
-    # see it (here it lands on the loop's own thread)
-    loop = CallLoop()
-    started, cancelled = threading.Event(), threading.Event()
-
-    async def slow() -> None:
-        started.set()
-        try:
-            await asyncio.Event().wait()  # until it is cancelled
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    def interrupt() -> None:
-        started.wait(30)
-        signal.pthread_kill(loop.thread.ident, signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        loop.run(slow())
-    wait_until(cancelled.is_set, what="the interrupted call to be cancelled")
-    assert loop.run(_echo(1)) == (1, loop.thread)
 
 
 def test_a_caller_interrupted_before_its_wake_up_was_scheduled_leaves_the_loop_serving():
