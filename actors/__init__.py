@@ -10,6 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# first: which of the modules below load compiled is decided as they load (actors.compiled)
+from . import compiled  # noqa: F401
 from .activation import HandlerContext
 from .catalog import Activation, Contract, MessageType, Queue, Service
 from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer

@@ -22,6 +22,7 @@ from .activation import ReaderLauncher, ReaderPools
 from .activation.port import InternalPort
 from .batchverbs import BatchVerbs
 from .catalog import Queue, check_name, from_record
+from .compiled import running_compiled
 from .core import BrokerCore, Limits
 from .envelope import (
     NOTHING_RECEIVED,
@@ -271,6 +272,8 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
             "path": self.path,
             "durability": self.durability,
             "limits": self.limits,
+            # how many of its modules this process runs compiled (actors.compiled)
+            "compiled_modules": len(running_compiled("actors")),
         }
 
     async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:

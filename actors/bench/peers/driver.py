@@ -21,6 +21,7 @@ Received = tuple[int, int, float]  # a decoded body: (conversation, seq, sent_at
 
 class Peer(Protocol):
     name: str
+    detail: str  # what its rows' notes add to its configuration ("" for nothing)
     # True when calls issued in order are applied in order, so a producer may have several calls
     # in flight on one conversation; otherwise a call waits for earlier calls on its conversations
     ordered: bool

@@ -18,6 +18,7 @@ WAIT_S = 0.2  # how often an idle consumer looks at whether the run is over
 
 class RabbitMQ:
     name = "rabbitmq"
+    detail = ""  # nothing to add to its notes
     ordered = True  # one channel: publishes go out, and are queued, in the order issued
 
     def __init__(self, port: int, pid: int) -> None:

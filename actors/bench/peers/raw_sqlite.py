@@ -24,6 +24,7 @@ CREATE INDEX messages_by_conv ON messages (conv, id);
 
 class RawSqlite:
     name = "raw-sqlite"
+    detail = ""  # nothing to add to its notes
     ordered = True  # calls run one at a time, in order
 
     def __init__(self, workdir: str) -> None:

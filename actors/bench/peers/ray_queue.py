@@ -20,6 +20,7 @@ WAIT_S = 0.2  # how long an idle consumer's get waits
 
 class RayQueue:
     name = "ray-queue"
+    detail = ""  # nothing to add to its notes
     # the queue actor is an async actor: a call whose items travel through the object store can
     # start before an earlier one, so a call waits for earlier calls on its conversations
     ordered = False

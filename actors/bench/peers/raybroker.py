@@ -27,7 +27,9 @@ class RayBroker:
         self.broker: Broker = start_broker(
             f"bench-peers-{uuid.uuid4().hex[:8]}", os.path.join(workdir, "raybroker.sqlite")
         )
-        self.pid = self.broker.info()["pid"]
+        info = self.broker.info()
+        self.pid = info["pid"]
+        self.detail = f"{info['compiled_modules']} modules compiled"  # (actors.compiled)
         self.handles: list[str] = []
         self.queue = ""
         self.w: Workload | None = None

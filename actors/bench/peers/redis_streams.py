@@ -18,6 +18,7 @@ MAX_CONNECTIONS = 512
 
 class RedisStreams:
     name = "redis-streams"
+    detail = ""  # nothing to add to its notes
     # pipelines go out on different pooled connections, so two calls in flight may be applied
     # in either order: a call waits for earlier calls on its conversations
     ordered = False

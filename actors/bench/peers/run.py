@@ -153,7 +153,7 @@ async def _measure_all(
 def _row(peer: Peer, w: Workload, m: Measurement) -> Row:
     verdict = check(expected(w), m.acked)
     lat = sorted(m.latencies_ms)
-    notes = [NOTES[peer.name]]
+    notes = [NOTES[peer.name], *([peer.detail] if peer.detail else [])]
     if peer.consumers(w) != w.consumers:
         n = peer.consumers(w)
         notes.append(f"{n} consumer{'s' if n > 1 else ''} (not {w.consumers})")
