@@ -13,6 +13,7 @@ import os
 import tomllib
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # Python's own semantics everywhere: annotations are documentation here, not C types
 DIRECTIVES = {"language_level": 3, "binding": True, "annotation_typing": False}
@@ -27,9 +28,34 @@ def extensions() -> list[Extension]:
         return []
     with open("pyproject.toml", "rb") as f:
         names = tomllib.load(f)["tool"]["raybroker"]["compiled"]
-    modules = [Extension(name, [name.replace(".", "/") + ".py"], optional=True) for name in names]
+    modules = [Extension(name, [name.replace(".", "/") + ".py"]) for name in names]
     jobs = os.cpu_count() or 1
     return cythonize(modules, compiler_directives=DIRECTIVES, nthreads=jobs, quiet=True)
 
 
-setup(ext_modules=extensions(), options={"build_ext": {"parallel": os.cpu_count() or 1}})
+class OptionalBuildExt(build_ext):
+    """A module that does not compile (no C compiler, no Python headers) runs as Python: the
+    build warns and goes on without it. (`Extension(optional=True)` does not do this for an
+    editable install, whose copying into the checkout then fails on the missing file.)"""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.parallel = self.parallel or os.cpu_count() or 1  # the modules compile side by side
+
+    def run(self) -> None:
+        self.failed: set[str] = set()
+        super().run()
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self.warn(f"{ext.name} is not compiled and runs as Python: {exc}")
+            self.failed.add(ext.name)
+
+    def copy_extensions_to_source(self) -> None:
+        self.extensions = [e for e in self.extensions if e.name not in self.failed]
+        super().copy_extensions_to_source()
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
