@@ -20,7 +20,7 @@ DIRECTIVES = {"language_level": 3, "binding": True, "annotation_typing": False}
 
 
 def extensions() -> list[Extension]:
-    if os.environ.get("RAYBROKER_PURE"):
+    if os.environ.get("RAYBROKER_PURE") == "1":  # as actors.compiled.pure_asked
         return []
     try:
         from Cython.Build import cythonize

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.abc import MetaPathFinder
 from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleSpec, PathFinder
 from importlib.util import spec_from_file_location
@@ -65,7 +65,12 @@ def install(package: str) -> None:
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     checkout = os.path.exists(os.path.join(root, "pyproject.toml"))
-    sys.meta_path.insert(0, FreshSource(package, bool(os.environ.get(PURE_ENV)), checkout))
+    sys.meta_path.insert(0, FreshSource(package, pure_asked(os.environ), checkout))
+
+
+def pure_asked(environ: Mapping[str, str]) -> bool:
+    """Whether `RAYBROKER_PURE=1` asks for every module from source (as RAYBROKER_QUIET=1)."""
+    return environ.get(PURE_ENV) == "1"
 
 
 def running_compiled(package: str) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.compiled import FreshSource, running_compiled
+from actors.compiled import FreshSource, pure_asked, running_compiled
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPILED = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["raybroker"]["compiled"]
@@ -77,6 +77,12 @@ def test_pure_runs_the_source_of_an_up_to_date_module_without_a_warning(tmp_path
         warnings.simplefilter("error")
         spec = FreshSource(name, pure=True).find_spec(f"{name}.mod", [str(folder)])
     assert spec is not None and spec.origin == str(folder / "mod.py")
+
+
+def test_only_raybroker_pure_1_asks_for_source() -> None:
+    assert pure_asked({"RAYBROKER_PURE": "1"})
+    assert not pure_asked({"RAYBROKER_PURE": "0"})
+    assert not pure_asked({})
 
 
 def test_modules_of_other_packages_are_left_to_the_rest_of_the_path(tmp_path: Path) -> None:
