@@ -9,7 +9,9 @@ from typing import Any
 from . import checks
 from .errors import InvalidArgument
 
-_ZERO_OK = frozenset({"read_cache_bytes", "closed_retention_s"})  # 0: off / at once
+_ZERO_OK = frozenset(
+    {"read_cache_bytes", "closed_retention_s", "ended_retention_s"}
+)  # 0: off / at once
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,9 @@ class Limits:
     max_call_bytes: int = 64 << 20  # the bodies of one call (apply, settle), summed
     lease_s: float = 30.0  # how long a receive holds its groups when the caller names no lease
     closed_retention_s: float = 60.0  # closed endpoints linger so late use gets a clear error
+    # a target endpoint removed here is remembered this long (as Service Broker keeps closed
+    # endpoints about half an hour), so a late resend of what it took is not delivered again
+    ended_retention_s: float = 1800.0
     audit_rows: int = 100_000  # committed receive batches kept in the delivery audit
     event_rows: int = 10_000
     request_retention_s: float = 600.0  # how long a retried call is recognised

@@ -65,6 +65,10 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE TABLE IF NOT EXISTS call_requests (
     id INTEGER PRIMARY KEY, call TEXT NOT NULL, at REAL NOT NULL, results BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS call_requests_call ON call_requests (call);
+CREATE TABLE IF NOT EXISTS ended (
+    id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, recv_seq INTEGER NOT NULL,
+    at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS ended_conversation ON ended (conversation_id);
 """
 
 ENDPOINT_COLUMNS = (
@@ -440,8 +444,31 @@ class Store(TransmissionRows):
             )
 
     def prune_requests(self, before: float) -> None:
+        self._prune_before(("requests", "call_requests"), before)
+
+    # --- dialogs whose target ended here (seen again only in a late resend) -----------------------
+
+    def insert_ended(self, rows: Iterable[tuple[str, int, float]]) -> None:
+        """rows: (conversation_id, recv_seq, at): target endpoints removed, and how many of the
+        initiator's messages each had taken."""
+        self.db.executemany(
+            "INSERT INTO ended (conversation_id, recv_seq, at) VALUES (?,?,?)", rows
+        )
+
+    def ended_recv_seq(self, conversation_id: str) -> int | None:
+        """How many messages the removed target endpoint of `conversation_id` took (None: no
+        such endpoint is remembered)."""
+        row = self.db.execute(
+            "SELECT MAX(recv_seq) FROM ended WHERE conversation_id=?", (conversation_id,)
+        ).fetchone()
+        return row[0]
+
+    def prune_ended(self, before: float) -> None:
+        self._prune_before(("ended",), before)
+
+    def _prune_before(self, tables: Iterable[str], before: float) -> None:
         # rows come in time order: delete those before the first one young enough to keep
-        for table in ("requests", "call_requests"):
+        for table in tables:
             q = f"SELECT rowid FROM {table} WHERE at >= ? ORDER BY rowid LIMIT 1"
             self.db.execute(
                 f"DELETE FROM {table} WHERE rowid < COALESCE(({q}), 1 << 62)", (before,)

@@ -50,6 +50,9 @@ class CorePort(Part):
     def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None:
         return self.state.conversations.get((conversation_id, is_initiator))
 
+    def ended_recv_seq(self, conversation_id: str) -> int | None:
+        return self.store.ended_recv_seq(conversation_id)
+
     def has_waiting(self) -> bool:
         return bool(self.state.parked)
 

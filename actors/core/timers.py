@@ -82,4 +82,5 @@ class Timers(Part):
         self.store.prune("audit", limits.audit_rows)
         self.store.prune("events", limits.event_rows)
         self.store.prune_requests(w.now - limits.request_retention_s)
+        self.store.prune_ended(w.now - limits.ended_retention_s)
         self.next_prune = w.now + limits.prune_every_s

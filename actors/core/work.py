@@ -343,6 +343,21 @@ class UnitOfWork:
             empty = self.store.delete_empty_groups(gone)
             w.after.append(lambda: [st.forget_group(g) for g in empty])
 
+    def _remember_ended(self, w: Changes) -> None:
+        """A target endpoint of a dialog from another broker is remembered after it goes: that
+        broker may not have heard our acknowledgements (a one-way partition, END WITH CLEANUP),
+        and a resend of what it took must not open the dialog here again (actors.transport)."""
+        st = self.state
+        if st.limits.ended_retention_s <= 0:
+            return
+        rows = [
+            (ep.conversation_id, ep.recv_seq, w.now)
+            for ep in w.dead_endpoints
+            if not ep.is_initiator and ep.far_broker not in (None, st.broker_id)
+        ]
+        if rows:
+            self.store.insert_ended(rows)
+
     def _write(self, w: Changes) -> None:
         st, store = self.state, self.store
         if w.new_groups:
@@ -367,6 +382,7 @@ class UnitOfWork:
                 store.update_endpoints([endpoint_settings(eps[no]) for no in settled])
         if dead:
             store.delete_endpoints(dead)
+            self._remember_ended(w)
             self._drop_emptied_groups(w)
         if w.messages:
             store.insert_messages(w.messages)

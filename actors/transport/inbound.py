@@ -194,6 +194,9 @@ class Receiver:
                 return nack(
                     CONVERSATION_NOT_FOUND, f"conversation {conv} has no endpoint on {port.name}"
                 )
+            taken = port.ended_recv_seq(conv)
+            if taken is not None:  # its target was here and has gone: nothing opens it again
+                return self._after_end(bd, taken)
             if seqs[0] != 0:
                 # bundles start at the oldest unacknowledged message, so the endpoint was here
                 # (it acknowledged the earlier ones) and has been cleaned up since
@@ -247,6 +250,18 @@ class Receiver:
             acks.append(self._ack(bd, seqs[i], seqs[j]))
             i = j + 1
         return acks  # anything after a gap waits for the resend
+
+    def _after_end(self, bd: Bundle, taken: int) -> list[Ack]:
+        """A bundle for a dialog whose target endpoint was removed here after taking `taken`
+        messages: those it took are acknowledged again (they were delivered once), the rest
+        refused as not found, so the initiator's side errors as for any dialog gone."""
+        seqs = bd.seqs
+        n = next((i for i, s in enumerate(seqs) if s >= taken), len(seqs))
+        acks = [self._ack(bd, seqs[0], seqs[n - 1])] if n else []
+        if n < len(seqs):
+            why = f"conversation {bd.conversation_id} has ended on {self.port.name}"
+            acks.append(self._nack(bd, seqs[n:], CONVERSATION_NOT_FOUND, why))
+        return acks
 
     def _refusal(self, ep: Endpoint, mt: str, bodies: Sequence[bytes]) -> tuple[int, str] | None:
         """Why arriving messages of one type may not be delivered (validation happens on

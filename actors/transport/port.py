@@ -47,6 +47,11 @@ class BrokerPort(Protocol):
 
     def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None: ...
 
+    def ended_recv_seq(self, conversation_id: str) -> int | None:
+        """How many messages this broker's removed target endpoint of the dialog had taken
+        (None: no such endpoint is remembered)."""
+        ...
+
     def has_waiting(self) -> bool:
         """Whether any dialog has messages in the transmission queue."""
         ...

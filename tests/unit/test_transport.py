@@ -176,6 +176,13 @@ def unpack(reply: bytes) -> tuple[list, list]:
     return acks, refused
 
 
+def past_closed_retention(net: Network, *cores: BrokerCore) -> None:
+    """Let the closed retention pass: the brokers purge their closed endpoints."""
+    net.clock.advance(Limits().closed_retention_s + 1)
+    for core in cores:
+        core.tick()
+
+
 def kinds(core: BrokerCore) -> list[str]:
     return [e["kind"] for e in core.events_view()]
 
@@ -380,6 +387,84 @@ def test_a_dialog_whose_target_was_cleaned_up_errors_on_the_initiator(net, pair)
     net.pump()
     assert [m.message_type for m in take(a, "InitQ")] == ["Error"]
     assert endpoint(a, handle=h)["state"] == "ERROR"
+
+
+def test_a_first_batch_resent_after_its_target_ended_with_cleanup_is_not_delivered_again(net, pair):
+    # the target took m0, m1 and its acknowledgement was lost; then it ended the dialog WITH
+    # CLEANUP (which tells nobody), and the initiator resends from m0
+    a, b = pair
+    h = begin(a, b"m0", b"m1")
+    (out,) = a.transport.dispatch()
+    net.deliver("A", "B", out.blob())
+    a.transport.failed(out, "the reply was lost")
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+    [target] = b.endpoints_view()
+    b.apply([End(target["conversation_handle"], cleanup=True)])
+    send(a, h, b"m2")
+
+    net.later()
+
+    assert take(b, "TargetQ") == [] and b.endpoints_view() == []  # m0, m1 not again
+    assert a.transmission_view() == []  # m0, m1 acknowledged; m2 refused
+    [err] = take(a, "InitQ")
+    assert err.message_type == "Error" and "has ended on B" in parse_error_body(err.body)[1]
+    assert endpoint(a, handle=h)["state"] == "ERROR"
+
+
+def _stale_first_batch(net, pair) -> tuple[bytes, str]:
+    """A dialog's first batch as it went out, kept; then the dialog runs to its end on both
+    brokers and both sides are purged."""
+    a, b = pair
+    h = begin(a, b"m0", b"m1")
+    conv = conv_of(a, h)
+    (out,) = a.transport.dispatch()
+    stale = out.blob()
+    net.send(a, out)
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+    b.apply([End(endpoint(b, conv=conv)["conversation_handle"])])
+    net.pump()
+    a.apply([End(h)])
+    net.pump()
+    past_closed_retention(net, a, b)
+    assert a.endpoints_view() == [] and b.endpoints_view() == []
+    return stale, conv
+
+
+def test_a_stale_copy_of_a_first_batch_arriving_after_the_target_was_purged_is_not_delivered(
+    net, pair
+):
+    # e.g. a copy a forwarder relayed late: the dialog has ended and both sides are gone
+    a, b = pair
+    stale, conv = _stale_first_batch(net, pair)
+
+    reply = net.deliver("A", "B", stale)
+
+    assert unpack(reply) == ([[conv, True, 0, 1, b.broker_id, None, ""]], [])
+    assert take(b, "TargetQ") == [] and b.endpoints_view() == []
+
+
+def test_a_purged_target_is_forgotten_after_the_ended_retention(net, pair):
+    a, b = pair
+    stale, conv = _stale_first_batch(net, pair)
+    assert b.store.ended_recv_seq(conv) == 2
+    assert a.store.ended_recv_seq(conv) is None  # only a target remembers (it opens on arrival)
+
+    net.clock.advance(Limits().ended_retention_s + Limits().prune_every_s)
+    b.tick()
+
+    assert b.store.ended_recv_seq(conv) is None
+
+
+def test_a_dialog_within_one_broker_leaves_nothing_remembered_when_it_ends(net):
+    a = net.add("A", INIT, TARGET)
+    h = begin(a, b"m0")
+    conv = conv_of(a, h)
+    take(a, "TargetQ")
+    [t] = [e for e in a.endpoints_view() if e["conversation_handle"] != h]
+    a.apply([End(t["conversation_handle"], cleanup=True), End(h, cleanup=True)])
+
+    assert a.endpoints_view() == []
+    assert a.store.ended_recv_seq(conv) is None
 
 
 # --- no route: delayed, not an error -------------------------------------------------------------
@@ -1185,9 +1270,7 @@ def test_ended_dialogs_are_purged_on_both_brokers_after_the_closed_retention(net
     b.apply([End(t)])
     net.pump()
 
-    net.clock.advance(Limits().closed_retention_s + 1)
-    a.tick()
-    b.tick()
+    past_closed_retention(net, a, b)
 
     assert a.endpoints_view() == [] and b.endpoints_view() == []
 
@@ -1199,9 +1282,7 @@ def test_endpoints_closed_by_crossing_end_dialogs_are_purged_after_the_closed_re
     net.pump()
     assert endpoint(a, handle=h)["state"] == endpoint(b, handle=t)["state"] == "CLOSED"
 
-    net.clock.advance(Limits().closed_retention_s + 1)
-    a.tick()
-    b.tick()
+    past_closed_retention(net, a, b)
 
     assert a.endpoints_view() == [] and b.endpoints_view() == []
 
