@@ -87,14 +87,16 @@ class GroupCommit:
             [w.change for w in batch], [w.request_id for w in batch], [w.shares for w in batch]
         )
         for w, (ok, value) in zip(batch, outcomes, strict=True):
+            if w.future.cancelled():
+                # the caller stopped waiting: what committed stays committed, and nothing is
+                # taken for it (its take would hold groups nobody reads until their lease ends)
+                continue
             if ok and w.take is not None:
                 ok, value = _attempt(w.take)
             elif not ok and w.tag is not None:
                 with contextlib.suppress(Exception):  # a failed commit's error is everyone's
                     value = copy.copy(value)
                 value.during = w.tag  # the caller learns which half of its call failed
-            if w.future.cancelled():
-                continue  # the caller stopped waiting; what committed stays committed
             if ok:
                 w.future.set_result(value)
             else:

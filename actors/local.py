@@ -9,12 +9,15 @@ their placement. It has no peers: routes may only address itself.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .calloop import WAKE_S
+from .envelope import taken_locks
 from .errors import InvalidArgument
 from .limits import Limits
 from .metrics import MetricsSink
@@ -52,7 +55,9 @@ class LocalBroker(Verbs):
             raise
         self.aio = AsyncLocalBroker(self)
 
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, Any], method: str = "", args: tuple = ()) -> Any:
+        """Run `coro` on the broker's loop and wait for it here. A caller interrupted while it
+        waits (Ctrl-C) leaves the call (`_Call.leave`)."""
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError(
@@ -61,10 +66,22 @@ class LocalBroker(Verbs):
         if not self._thread.is_alive():
             coro.close()
             raise InvalidArgument(f"local broker {self.name!r} is stopped")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        call = _Call(coro, method, args)
+        future = asyncio.run_coroutine_threadsafe(call.run(), self.loop)
+        try:
+            while not future.done():  # in slices: a Ctrl-C landing on another thread is seen
+                concurrent.futures.wait((future,), timeout=WAKE_S)
+            return future.result()
+        except BaseException:
+            if not _failed(future):
+                # (a lambda: while the broker starts there is no service to give back to yet)
+                self.loop.call_soon_threadsafe(
+                    call.leave, lambda ids: self.service.core.give_back(ids)
+                )
+            raise
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
-        result = self._run(self.service.verb(method, *args))
+        result = self._run(self.service.verb(method, *args), method, args)
         return post(result) if post else result
 
     def stop(self, delete_store: bool = False) -> None:
@@ -108,8 +125,57 @@ class AsyncLocalBroker(Verbs):
         if asyncio.get_running_loop() is sync.loop:  # already on the broker's loop
             result = await coro
         else:
-            result = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, sync.loop))
+            call = _Call(coro, method, args)
+            future = asyncio.run_coroutine_threadsafe(call.run(), sync.loop)
+            try:
+                result = await asyncio.wrap_future(future)
+            except BaseException:  # cancelled (a timeout around the call, say)
+                if not _failed(future):
+                    sync.loop.call_soon_threadsafe(call.leave, sync.service.core.give_back)
+                raise
         return post(result) if post else result
+
+
+class _Call:
+    """A call run on the broker's loop for a caller on another thread or loop, who may leave
+    before its answer (Ctrl-C, a cancelled coroutine). Then it is cancelled, and if it had
+    taken groups for its caller already, they go back to the queue: otherwise they would stay
+    locked until their lease ran out, and that rollback would count toward poison (as
+    `BatchVerbs.undelivered` does for a remote caller)."""
+
+    __slots__ = ("coro", "method", "args", "task", "left")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], method: str, args: tuple) -> None:
+        self.coro, self.method, self.args = coro, method, args
+        self.task: asyncio.Task | None = None
+        self.left = False
+
+    async def run(self) -> Any:
+        if self.left:  # its caller left before it started
+            self.coro.close()
+            return None
+        self.task = asyncio.current_task()
+        return await self.coro
+
+    def leave(self, give_back: Callable[[list[str]], None]) -> None:
+        """On the broker's loop: the caller has stopped waiting."""
+        self.left = True
+        task = self.task
+        if task is not None:
+            task.cancel()  # (a finished call stays finished: what it took is given back below)
+            task.add_done_callback(lambda done: self._give_back(done, give_back))
+
+    def _give_back(self, task: asyncio.Task, give_back: Callable[[list[str]], None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        ids = taken_locks(self.method, self.args, task.result())
+        if ids:
+            give_back(ids)
+
+
+def _failed(future: concurrent.futures.Future) -> bool:
+    """Whether the call itself raised (as opposed to its caller leaving it)."""
+    return future.done() and not future.cancelled() and future.exception() is not None
 
 
 async def _start(

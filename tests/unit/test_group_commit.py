@@ -167,6 +167,24 @@ def test_a_take_follows_its_own_change_and_sees_what_the_group_committed(dialogs
     assert [m.body for g in groups for m in g.messages] == [b"first", b"second"]
 
 
+def test_a_caller_that_stopped_waiting_gets_its_change_committed_and_nothing_taken(dialogs):
+    core, ds = dialogs
+    commits = GroupCommit(core.uow, lambda: None)
+    took: list = []
+
+    async def cancelled_while_queued():
+        call = commits.enqueue(
+            lambda: core.apply([Send(ds[0].init, "Req", [b"second"])], None),
+            lambda: took.append(core.receive("TargetQ", handle=ds[0].target)),
+        )
+        call.cancel()  # its caller left (a timeout around the call, say) before the group ran
+        await commits.submit(None)  # the group after it: this one has run by then
+
+    asyncio.run(cancelled_while_queued())
+    assert took == []  # nothing locked for a caller who is gone
+    assert _waiting(core, ds[0]) == [b"first", b"second"]  # and its send committed
+
+
 def test_a_commit_that_fails_after_writing_is_undone_alone_and_its_messages_stay(
     dialogs, snapshot, sharing
 ):

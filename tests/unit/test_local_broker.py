@@ -3,11 +3,15 @@ Ray. (The scenario suite in tests/integration/test_broker.py runs on it and on t
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -25,6 +29,7 @@ from actors import (
 )
 from actors.audit import read_all
 from actors.errors import BrokerError, UnknownQueue
+from actors.local import _Call
 from tests.polling import wait_until
 
 
@@ -66,6 +71,44 @@ def test_a_dialog_round_trip_commits_once_and_the_audit_records_it(broker):
     assert broker.queues()["Q"]["depth"] == 0
     [rec] = broker.audit()["records"]
     assert rec["message_type"] == "M" and rec["sequence_number"] == 0
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
+)
+def test_a_receive_interrupted_with_ctrl_c_stops_waiting_at_the_broker(broker):
+    h = broker.begin_dialog("S", "S", "C")
+
+    def ctrl_c() -> None:
+        wait_until(lambda: "Q" in broker.service._waiters, what="the receive to wait")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        broker.receive("Q", wait=60)
+    broker.send(h, "M", b"after")
+
+    # the interrupted receive is no longer waiting to take it (it would hold it for its lease)
+    [g] = broker.receive("Q", wait=5)
+    assert [m.body for m in g.messages] == [b"after"]
+
+
+def test_a_receive_whose_caller_left_after_it_took_gives_its_groups_back(broker):
+    h = broker.begin_dialog("S", "S", "C")
+    broker.send(h, "M", b"taken")
+    args = ("Q", 0.0, {}, None, None, None)
+    call = _Call(broker.service.verb("receive", *args), "receive", args)
+    asyncio.run_coroutine_threadsafe(call.run(), broker.loop).result()  # it took the group ...
+    assert broker.queues()["Q"]["locked_groups"] == 1
+
+    broker.loop.call_soon_threadsafe(
+        call.leave, broker.service.core.give_back
+    )  # ... as its caller left
+
+    wait_until(lambda: broker.queues()["Q"]["locked_groups"] == 0, what="the group given back")
+    [g] = broker.receive("Q", wait=5)
+    assert [m.body for m in g.messages] == [b"taken"]
+    assert broker.queues()["Q"]["rollbacks_in_a_row"] == 0  # not a rollback: no poison count
 
 
 def test_an_apply_retried_with_the_same_request_id_is_applied_once(broker):
