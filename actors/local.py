@@ -73,11 +73,9 @@ class LocalBroker(Verbs):
                 concurrent.futures.wait((future,), timeout=WAKE_S)
             return future.result()
         except BaseException:
-            if not _failed(future):
-                # (a lambda: while the broker starts there is no service to give back to yet)
-                self.loop.call_soon_threadsafe(
-                    call.leave, lambda ids: self.service.core.give_back(ids)
-                )
+            # a verb is left; the broker's own start and close run to their end
+            if method and not _failed(future):
+                _leave(self.loop, call, self.service.core.give_back)
             raise
 
     def _call(self, method: str, *args: Any, post: Callable[[Any], Any] | None = None) -> Any:
@@ -131,7 +129,7 @@ class AsyncLocalBroker(Verbs):
                 result = await asyncio.wrap_future(future)
             except BaseException:  # cancelled (a timeout around the call, say)
                 if not _failed(future):
-                    sync.loop.call_soon_threadsafe(call.leave, sync.service.core.give_back)
+                    _leave(sync.loop, call, sync.service.core.give_back)
                 raise
         return post(result) if post else result
 
@@ -171,6 +169,13 @@ class _Call:
         ids = taken_locks(self.method, self.args, task.result())
         if ids:
             give_back(ids)
+
+
+def _leave(
+    loop: asyncio.AbstractEventLoop, call: _Call, give_back: Callable[[list[str]], None]
+) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop has closed (stopped meanwhile): gone too
+        loop.call_soon_threadsafe(call.leave, give_back)
 
 
 def _failed(future: concurrent.futures.Future) -> bool:

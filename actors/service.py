@@ -32,6 +32,7 @@ from .envelope import (
     Send,
     Timer,
     pack_received,
+    taken_locks,
     unpack_ops,
 )
 from .errors import (
@@ -315,7 +316,12 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         groups when `settle` is given: a reader's loop costs one call per turn."""
         wait = checks.seconds("wait", wait, zero=True)
         deadline = time.monotonic() + wait
-        got = await self._start_receive(queue, options, owner, settle, reader, packed=True)
+        pending = self._start_receive(queue, options, owner, settle, reader, packed=True)
+        try:
+            got = await pending
+        except asyncio.CancelledError:  # its caller left (an in-process caller: actors.local)
+            self._give_back_answered(pending, (queue, wait, options))
+            raise
         if got != NOTHING_RECEIVED or settle is not None or wait == 0:
             return got
         owner = self.holders.full(owner)
@@ -325,6 +331,15 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         if groups:
             self.holders.adopt(owner)
         return pack_received(groups)
+
+    def _give_back_answered(self, pending: asyncio.Future, args: tuple[Any, ...]) -> None:
+        """A receive cancelled just after its take was answered (between the group commit and
+        its resuming): what it took goes back to the queue, not held for nobody until its lease
+        ends (that rollback would count toward poison)."""
+        if pending.done() and not pending.cancelled() and pending.exception() is None:
+            ids = taken_locks("receive", args, pending.result())
+            if ids:
+                self.core.give_back(ids)
 
     def _start_receive(
         self,

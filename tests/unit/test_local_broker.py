@@ -4,6 +4,7 @@ Ray. (The scenario suite in tests/integration/test_broker.py runs on it and on t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
@@ -109,6 +110,31 @@ def test_a_receive_whose_caller_left_after_it_took_gives_its_groups_back(broker)
     [g] = broker.receive("Q", wait=5)
     assert [m.body for m in g.messages] == [b"taken"]
     assert broker.queues()["Q"]["rollbacks_in_a_row"] == 0  # not a rollback: no poison count
+
+
+def test_a_receive_cancelled_between_its_answered_take_and_its_resuming_gives_it_back(broker):
+    h = broker.begin_dialog("S", "S", "C")
+    broker.send(h, "M", b"taken")
+    service = broker.service
+    locks = service.core.state.locks.by_group
+
+    async def cancelled_in_that_moment() -> int:
+        receive = asyncio.ensure_future(service.receive("Q", 0.0, {}, None, None, None))
+        await asyncio.sleep(0)  # a yield: it starts, its take waits for the next group commit
+        await asyncio.sleep(0)  # a yield: the group commit took for it; it has not resumed
+        held = len(locks)
+        receive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receive
+        return held
+
+    held = asyncio.run_coroutine_threadsafe(cancelled_in_that_moment(), broker.loop).result()
+
+    assert held == 1  # taken for it before it was cancelled ...
+    assert broker.queues()["Q"]["locked_groups"] == 0  # ... and given back, not held for nobody
+    [g] = broker.receive("Q", wait=5)
+    assert [m.body for m in g.messages] == [b"taken"]
+    assert broker.queues()["Q"]["rollbacks_in_a_row"] == 0
 
 
 def test_an_apply_retried_with_the_same_request_id_is_applied_once(broker):
