@@ -414,6 +414,14 @@ def taken_locks(method: str, args: Any, answer: Any) -> list[str]:
     ]
 
 
+def answered_locks(method: str, args: Any, outcome: Any) -> list[str]:
+    """`taken_locks` of a call's outcome (an asyncio future or task): none unless it finished
+    with an answer (cancelled, or raised, it took nothing for its caller)."""
+    if not outcome.done() or outcome.cancelled() or outcome.exception() is not None:
+        return []
+    return taken_locks(method, args, outcome.result())
+
+
 def unpack_received(blob: bytes) -> list[ReceivedGroup]:
     out = []
     for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .calloop import WAKE_S
-from .envelope import taken_locks
+from .envelope import answered_locks
 from .errors import InvalidArgument
 from .limits import Limits
 from .metrics import MetricsSink
@@ -164,9 +164,7 @@ class _Call:
             task.add_done_callback(lambda done: self._give_back(done, give_back))
 
     def _give_back(self, task: asyncio.Task, give_back: Callable[[list[str]], None]) -> None:
-        if task.cancelled() or task.exception() is not None:
-            return
-        ids = taken_locks(self.method, self.args, task.result())
+        ids = answered_locks(self.method, self.args, task)
         if ids:
             give_back(ids)
 

@@ -31,8 +31,8 @@ from .envelope import (
     ReceivedGroup,
     Send,
     Timer,
+    answered_locks,
     pack_received,
-    taken_locks,
     unpack_ops,
 )
 from .errors import (
@@ -336,10 +336,9 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         """A receive cancelled just after its take was answered (between the group commit and
         its resuming): what it took goes back to the queue, not held for nobody until its lease
         ends (that rollback would count toward poison)."""
-        if pending.done() and not pending.cancelled() and pending.exception() is None:
-            ids = taken_locks("receive", args, pending.result())
-            if ids:
-                self.core.give_back(ids)
+        ids = answered_locks("receive", args, pending)
+        if ids:
+            self.core.give_back(ids)
 
     def _start_receive(
         self,

@@ -24,7 +24,7 @@ from ..batchverbs import BATCH_VERBS
 from ..calloop import call_loop, on_call_loop_thread
 from ..channel import Channel, ChannelBroken, Channels
 from ..coalesce import Coalescer
-from ..envelope import NOTHING_RECEIVED, taken_locks, unpack_received
+from ..envelope import NOTHING_RECEIVED, answered_locks, unpack_received
 from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
 from ..ordering import Issuer
 from ..verbs import Verbs, lock_ids
@@ -381,9 +381,7 @@ class AsyncBroker(Verbs):
         answer = ref if isinstance(ref, asyncio.Future) else asyncio.wrap_future(ref.future())
 
         def answered(future: asyncio.Future) -> None:
-            if future.cancelled() or future.exception() is not None:
-                return
-            ids = taken_locks(call.method, call.args, future.result())
+            ids = answered_locks(call.method, call.args, future)
             if ids:
                 self._coalescer().give_back(ids)
 
