@@ -11,11 +11,12 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 # first: which of the modules below load compiled is decided as they load (actors.compiled)
-from . import compiled  # noqa: F401
-from .activation import HandlerContext
-from .catalog import Activation, Contract, MessageType, Queue, Service
-from .envelope import Begin, End, Message, ReceivedGroup, Send, Timer
-from .errors import (
+from actors import compiled  # noqa: F401
+from actors.activation import HandlerContext
+from actors.calls.envelope import Begin, End, Message, ReceivedGroup, Send, Timer
+from actors.client.local import LocalBroker
+from actors.client.verbs import BrokerHandle
+from actors.errors import (
     AlreadyExists,
     BrokerError,
     BrokerUnavailable,
@@ -37,14 +38,13 @@ from .errors import (
     StoreInUse,
     ValidationFailed,
 )
-from .limits import Limits
-from .local import LocalBroker
-from .verbs import BrokerHandle
+from actors.model.catalog import Activation, Contract, MessageType, Queue, Service
+from actors.model.limits import Limits
 
 if TYPE_CHECKING:
-    from .remote.client import Broker, connect, stop_broker
-    from .remote.factory import start_broker
-    from .remote.mirrored import (
+    from actors.remote.client import Broker, connect, stop_broker
+    from actors.remote.factory import start_broker
+    from actors.remote.mirrored import (
         MirroredBroker,
         Partner,
         failover,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
         start_mirrored_broker,
         stop_mirrored_broker,
     )
-    from .remote.runtime import ensure_ray
+    from actors.remote.runtime import ensure_ray
 
 # Public name -> "module:attribute", imported on first access (PEP 562).
 _LAZY: dict[str, str] = {

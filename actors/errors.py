@@ -3,11 +3,13 @@
 Each class carries a message that says what was wrong and what to do about it. Errors raised inside
 the broker actor cross Ray (or a direct channel) unchanged (they are plain picklable exceptions)
 and the client re-raises them as themselves, so `except UnknownService:` works in driver scripts.
-(`actors.channel.ChannelBroken` is not here: it never reaches a caller, whose call then goes
+(`actors.client.channel.ChannelBroken` is not here: it never reaches a caller, whose call then goes
 through Ray.)
 """
 
 from __future__ import annotations
+
+import reprlib
 
 
 def _rebuild(cls: type, message: str, attrs: dict) -> BrokerError:
@@ -15,6 +17,19 @@ def _rebuild(cls: type, message: str, attrs: dict) -> BrokerError:
     Exception.__init__(err, message)
     err.__dict__.update(attrs)
     return err
+
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 80
+
+
+def shown(value: object) -> str:
+    """A repr for error messages that stays short and shallow whatever the value (a huge string
+    or a deeply nested list is not repr'd whole, so it can neither flood a log nor recurse)."""
+    try:
+        return _short.repr(value)
+    except Exception:  # an int past Python's digit limit, a __repr__ that fails ...
+        return f"<{type(value).__name__}>"
 
 
 class BrokerError(Exception):

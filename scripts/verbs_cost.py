@@ -26,13 +26,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 from actors import Begin, Queue, Send, Service
-from actors.catalog import kind_of, to_record
-from actors.coalesce import holders_once
-from actors.envelope import pack_ops, unpack_received
+from actors.calls.envelope import pack_ops, unpack_received
+from actors.calls.ordering import Issuer
+from actors.client.coalesce import holders_once
 from actors.ids import new_request_id
-from actors.ordering import Issuer
+from actors.model.catalog import kind_of, to_record
 from actors.remote.broker import GC_THRESHOLDS
-from actors.service import BrokerService
+from actors.service.broker import BrokerService
 
 CONVERSATIONS = 100  # messages per round
 WARMUP = 20

@@ -14,8 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from actors import audit as audit_format
 from actors.errors import InvalidArgument
+from actors.store import audit as audit_format
 
 SCHEMA = pa.schema(
     [

@@ -23,8 +23,8 @@ from typing import Any
 import pyarrow as pa
 
 from actors import Contract, MessageType, Queue, Service, start_broker
-from actors.bench.report import Load, Progress, Report, Row
 from actors.remote.runtime import ensure_ray
+from actors.tools.bench.report import Load, Progress, Report, Row
 
 from .ingest import arranged, ingest
 from .plan import IngestSpec, PartitionPlanner

@@ -23,9 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from actors.catalog import Contract, MessageType, may_send
 from actors.errors import IngestError, UnknownContract, UnknownMessageType, UnknownService
-from actors.limits import Limits
+from actors.model.catalog import Contract, MessageType, may_send
+from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
 from .plan import BODY_FORMATS, IngestSpec, PartitionPlanner, check_ingest_id
@@ -235,7 +235,7 @@ async def _send(
     in_flight: int,
 ) -> tuple[int, int]:
     """Send a partition's calls, up to `in_flight` at once; calls from one handle apply in the
-    order issued (actors.ordering), so a key's rows keep their order."""
+    order issued (actors.calls.ordering), so a key's rows keep their order."""
     pending: deque[asyncio.Task[Any]] = deque()
     sent = calls = 0
     pid = os.getpid()

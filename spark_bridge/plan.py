@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from actors.bodies import BodyValidator
-from actors.catalog import MessageType
-from actors.envelope import MAX_HANDLE, Begin, Op, Send
+from actors.calls.envelope import MAX_HANDLE, Begin, Op, Send
 from actors.errors import InvalidArgument
+from actors.model.bodies import BodyValidator
+from actors.model.catalog import MessageType
 
 BODY_FORMATS = ("json", "msgpack")  # how a struct (or list, or map) body column is encoded
 MAX_INGEST_ID = 100

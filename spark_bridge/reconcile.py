@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.catalog import SYSTEM_TYPES
+from actors.model.catalog import SYSTEM_TYPES
 
 from .ingest import KEY_COLUMN, ORDER_COLUMN
 from .plan import KEY_DIGEST, check_ingest_id

@@ -17,8 +17,8 @@ from typing import Any
 import ray
 
 from actors import Broker, Queue, start_broker
-from actors.catalog import kind_of, to_record
 from actors.errors import BrokerUnavailable, TopologyError
+from actors.model.catalog import kind_of, to_record
 from actors.remote.client import connect
 from actors.remote.routers import RouterSet
 

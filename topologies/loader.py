@@ -24,13 +24,12 @@ from typing import Any, NoReturn
 
 import yaml
 
-from actors import checks
-from actors.bodies import shown
-from actors.catalog import Catalog, Contract, MessageType, Service, check_name, from_record
 from actors.ddr.router import MODES, RouterConfig, router_contracts
-from actors.errors import BrokerError, TopologyError
-from actors.limits import Limits
-from actors.routing import AUTO_LOCAL, Route, check_broker_id, parse_address
+from actors.errors import BrokerError, TopologyError, shown
+from actors.model import checks
+from actors.model.catalog import Catalog, Contract, MessageType, Service, check_name, from_record
+from actors.model.limits import Limits
+from actors.model.routing import AUTO_LOCAL, Route, check_broker_id, parse_address
 
 from .spec import (
     BrokerSpec,

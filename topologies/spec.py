@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.catalog import Definition, Service
 from actors.ddr.router import RouterConfig
+from actors.model.catalog import Definition, Service
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ clock; the reader loops (pool actors, or tasks inside the broker) call `run_hand
 received group and settle the `Outcome` with their next receive.
 """
 
-from .policy import (
+from actors.activation.policy import (
     BACKLOG_TARGET_S,
     Decision,
     PoolPolicy,
     QueueState,
     readers_to_start,
 )
-from .pools import ReaderLauncher, ReaderPools
-from .reader import (
+from actors.activation.pools import ReaderLauncher, ReaderPools
+from actors.activation.reader import (
     Handler,
     HandlerContext,
     Outcome,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..catalog import Activation
-from ..limits import Limits
+from actors.model.catalog import Activation
+from actors.model.limits import Limits
 
 BACKLOG_TARGET_S = Limits.backlog_target_s
 

@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..catalog import Activation, resolve_handler
-from ..errors import ReaderLost
-from ..limits import Limits
-from .policy import PoolPolicy
-from .reader import ReaderPort, read_until_idle
+from actors.activation.policy import PoolPolicy
+from actors.activation.reader import ReaderPort, read_until_idle
+from actors.errors import ReaderLost
+from actors.model.catalog import Activation
+from actors.model.code_names import resolve_handler
+from actors.model.limits import Limits
 
 log = logging.getLogger("raybroker")
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..envelope import ReceivedGroup
+from actors.calls.envelope import ReceivedGroup
 
 
 class InternalPort:
     """The broker itself as a reader port, for readers on its own event loop: no call per batch,
     the same settle path as every client."""
 
-    def __init__(self, service: Any) -> None:  # an actors.service.BrokerService
+    def __init__(self, service: Any) -> None:  # an actors.service.broker.BrokerService
         self.service = service
 
     async def receive(

@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..catalog import Activation
-from ..envelope import Begin, End, Op, ReceivedGroup, Send, Timer
-from ..errors import (
+from actors.calls.envelope import Begin, End, Op, ReceivedGroup, Send, Timer
+from actors.errors import (
     BrokerError,
     BrokerUnavailable,
     LockNotHeld,
@@ -24,6 +23,7 @@ from ..errors import (
     ReaderRetired,
     UnknownQueue,
 )
+from actors.model.catalog import Activation
 
 log = logging.getLogger("raybroker")
 

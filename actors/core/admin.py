@@ -7,13 +7,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..catalog import Definition, Queue, Service, kind_of, to_record
-from ..dialogs import State
-from ..errors import InUse, InvalidArgument
-from ..routing import Route, RouteTable
-from .delivery import Delivery
-from .state import ROUTE_TABLES
-from .work import Changes, Part, UnitOfWork
+from actors.core.changes import Changes
+from actors.core.delivery import Delivery
+from actors.core.state import ROUTE_TABLES
+from actors.core.work import Part, UnitOfWork
+from actors.errors import InUse, InvalidArgument
+from actors.model.catalog import Definition, Queue, Service, kind_of, to_record
+from actors.model.dialogs import State
+from actors.model.routing import Route, RouteTable
 
 
 class Admin(Part):

@@ -6,21 +6,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import checks
-from ..catalog import SYSTEM_TYPES, check_name
-from ..dialogs import Endpoint, State, check_send, plan_end
-from ..envelope import Begin, End, Op, Send, Timer, check_call_size
-from ..errors import (
+from actors.calls.envelope import Begin, End, Op, Send, Timer, check_call_size
+from actors.core.changes import Changes
+from actors.core.delivery import Delivery
+from actors.core.work import Part, UnitOfWork
+from actors.errors import (
     BodyTooLarge,
     ContractViolation,
     ConversationNotFound,
     GroupLocked,
     InvalidArgument,
 )
-from ..ids import new_uuid
-from ..routing import balance
-from .delivery import Delivery
-from .work import Changes, Part, UnitOfWork
+from actors.ids import new_uuid
+from actors.model import checks
+from actors.model.catalog import SYSTEM_TYPES, check_name
+from actors.model.dialogs import Endpoint, State, check_send, plan_end
+from actors.model.routing import balance
 
 
 class Conversations(Part):

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..catalog import ECHO, ECHO_CONTRACT, ERROR, Service
-from ..dialogs import (
+from actors.core.changes import Arrived, Changes, Removed
+from actors.core.readcache import ROW_OVERHEAD
+from actors.core.work import Part
+from actors.errors import ContractViolation
+from actors.ids import new_uuid
+from actors.model.catalog import ECHO, ECHO_CONTRACT, ERROR, Service
+from actors.model.dialogs import (
     CONTRACT_NOT_ACCEPTED,
     CONVERSATION_CLEANED_UP,
     Endpoint,
@@ -19,11 +24,7 @@ from ..dialogs import (
     error_body,
     on_arrival,
 )
-from ..errors import ContractViolation
-from ..ids import new_uuid
-from ..readcache import ROW_OVERHEAD
-from ..routing import Hop, Match, next_hops
-from .work import Arrived, Changes, Part, Removed
+from actors.model.routing import Hop, Match, next_hops
 
 
 class Delivery(Part):

@@ -7,22 +7,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import views
-from ..catalog import Catalog
-from ..envelope import Op
-from ..limits import Limits
-from ..locks import LockTable
-from ..ordering import RequestId
-from ..store import Store
-from ..transport import Transport
-from .admin import Admin
-from .conversations import Conversations
-from .delivery import Delivery
-from .port import CorePort
-from .receiving import Receiving
-from .state import BrokerState
-from .timers import Timers
-from .work import Clock, UnitOfWork
+from actors.calls.envelope import Op
+from actors.calls.ordering import RequestId
+from actors.core import views
+from actors.core.admin import Admin
+from actors.core.conversations import Conversations
+from actors.core.delivery import Delivery
+from actors.core.locks import LockTable
+from actors.core.port import CorePort
+from actors.core.receiving import Receiving
+from actors.core.state import BrokerState
+from actors.core.timers import Timers
+from actors.core.work import Clock, UnitOfWork
+from actors.model.catalog import Catalog
+from actors.model.limits import Limits
+from actors.store.database import Store
+from actors.transport import Transport
 
 
 class BrokerCore:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from ..catalog import Catalog
-from ..counters import Counts
-from ..dialogs import Endpoint, State
-from ..limits import Limits
-from ..routing import Hop, Match, next_hops
-from .delivery import Delivery
-from .work import Changes, Part, UnitOfWork
+from actors.core.changes import Changes
+from actors.core.delivery import Delivery
+from actors.core.work import Part, UnitOfWork
+from actors.counters import Counts
+from actors.model.catalog import Catalog
+from actors.model.dialogs import Endpoint, State
+from actors.model.limits import Limits
+from actors.model.routing import Hop, Match, next_hops
 
 T = TypeVar("T")
 

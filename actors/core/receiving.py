@@ -8,14 +8,16 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import audit, checks
-from ..catalog import Queue, to_record
-from ..envelope import Op, ReceivedGroup
-from ..errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
-from ..locks import Lock, Turn
-from ..ordering import RequestId
-from .conversations import Conversations
-from .work import Arrived, Changes, Part, Removed, UnitOfWork
+from actors.calls.envelope import Op, ReceivedGroup
+from actors.calls.ordering import RequestId
+from actors.core.changes import Arrived, Changes, Removed
+from actors.core.conversations import Conversations
+from actors.core.locks import Lock, Turn
+from actors.core.work import Part, UnitOfWork
+from actors.errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
+from actors.model import checks
+from actors.model.catalog import Queue, to_record
+from actors.store import audit
 
 
 class Receiving(Part):
@@ -287,8 +289,8 @@ class Receiving(Part):
 
     def give_back(self, lock_ids: Sequence[str]) -> int:
         """Return what a waiting receive took for a caller that had stopped waiting (its wait
-        ran out as the messages came; see actors.coalesce). The messages go back to their queue
-        as a rollback's do, but nobody tried to process them, so it does not count toward
+        ran out as the messages came; see actors.client.coalesce). The messages go back to their
+        queue as a rollback's do, but nobody tried to process them, so it does not count toward
         poison. Locks no longer held (expired, settled) are passed over. Returns how many."""
         locks = [self.state.locks.get(lid) for lid in lock_ids if isinstance(lid, str)]
         held = [lk for lk in locks if lk is not None and not lk.settled]

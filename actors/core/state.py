@@ -9,32 +9,22 @@ inside a unit of work (`actors.core.work`), which can undo what a failed verb di
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..catalog import Catalog, from_record
-from ..counters import Counts
-from ..dialogs import Endpoint, State
-from ..errors import ConversationNotFound, InvalidArgument
-from ..ids import new_uuid
-from ..limits import Limits
-from ..locks import LockTable, QueueIndex
-from ..poison import PoisonCounter
-from ..readcache import ReadCache
-from ..routing import Route, RouteTable
-from ..store import Store
-from .work import Changes
+from actors.core.changes import Changes, Group
+from actors.core.locks import LockTable, QueueIndex
+from actors.core.poison import PoisonCounter
+from actors.core.readcache import ReadCache
+from actors.counters import Counts
+from actors.errors import ConversationNotFound, InvalidArgument
+from actors.ids import new_uuid
+from actors.model.catalog import Catalog, from_record
+from actors.model.dialogs import Endpoint, State
+from actors.model.limits import Limits
+from actors.model.routing import Route, RouteTable
+from actors.store.database import Store
 
 ROUTE_TABLES = ("routes", "instance")  # the broker's own routes; its instance routes
-
-
-@dataclass
-class Group:
-    no: int
-    group_id: str
-    queue: str
-    members: int = 0  # endpoints in the group
-    stateful: bool = False  # a state was stored for it (else a receive need not read one)
 
 
 class Due(NamedTuple):

@@ -3,12 +3,13 @@ pruning of bounded tables. `tick` fires whatever is due and says when to look ag
 
 from __future__ import annotations
 
-from ..catalog import DIALOG_TIMER
-from ..dialogs import LIFETIME_EXPIRED, State
-from .delivery import Delivery
-from .receiving import Receiving
-from .state import Due
-from .work import Changes, Part, UnitOfWork
+from actors.core.changes import Changes
+from actors.core.delivery import Delivery
+from actors.core.receiving import Receiving
+from actors.core.state import Due
+from actors.core.work import Part, UnitOfWork
+from actors.model.catalog import DIALOG_TIMER
+from actors.model.dialogs import LIFETIME_EXPIRED, State
 
 LIVE = (State.STARTED_OUTBOUND, State.CONVERSING, State.DISCONNECTED_INBOUND)
 

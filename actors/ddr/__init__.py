@@ -3,8 +3,8 @@ first message of a dialog and forwards the dialog to the target service it names
 redirect mode, tells the initiator which service to talk to). Plain Python: the handler runs as
 a queue's activation on any broker; `actors.remote.routers` deploys replicated router brokers."""
 
-from .client import begin_redirected
-from .router import REDIRECT_TYPE, RouterConfig, route_messages, router_contracts
+from actors.ddr.client import begin_redirected
+from actors.ddr.router import REDIRECT_TYPE, RouterConfig, route_messages, router_contracts
 
 __all__ = [
     "REDIRECT_TYPE",

@@ -8,8 +8,8 @@ import json
 import time
 from typing import Any
 
-from ..catalog import END_DIALOG, ERROR, REDIRECT
-from ..errors import BrokerUnavailable, ConversationEnded
+from actors.errors import BrokerUnavailable, ConversationEnded
+from actors.model.catalog import END_DIALOG, ERROR, REDIRECT
 
 
 def begin_redirected(

@@ -25,11 +25,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, Service, resolve_handler
-from ..dialogs import MAX_ERROR_DESCRIPTION
-from ..envelope import Message, ReceivedGroup
-from ..errors import InvalidDefinition
-from ..names import check_name
+from actors.calls.envelope import Message, ReceivedGroup
+from actors.errors import InvalidDefinition
+from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, Service
+from actors.model.code_names import resolve_handler
+from actors.model.dialogs import MAX_ERROR_DESCRIPTION
+from actors.model.names import check_name
 
 REDIRECT_TYPE = REDIRECT
 MODES = ("forward", "redirect")

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .router import stats
+from actors.ddr.router import stats
 
 
 def router(service: str, groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

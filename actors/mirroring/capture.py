@@ -4,7 +4,7 @@ The principal is its store's only writer, so replaying the same write statements
 values, in the same order, on an identical copy yields an identical copy (SQLite hands out the
 same rowids: a new rowid is the largest plus one). That is the log shipped to the mirror. Why
 statements rather than SQLite's own pages or WAL frames: the store already funnels every write
-through one connection (`actors.storefile.Connection`), the statements are a few hundred bytes
+through one connection (`actors.store.file.Connection`), the statements are a few hundred bytes
 where pages are 4 KiB each, and the log needs no knowledge of SQLite's file format.
 
 Each transaction that wrote anything gets the next ship sequence number, written into `meta`
@@ -137,7 +137,7 @@ class Capture:
 
 
 def attach(store: Any) -> Capture:
-    """Capture every transaction `store` (an `actors.store.Store`) commits from now on."""
+    """Capture every transaction `store` (an `actors.store.database.Store`) commits from now on."""
     capture = Capture(stored_seq(store.get_meta))
     store.db.capture = capture
     return capture

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from ..errors import NotPrincipal, PeerUnreachable
+from actors.errors import NotPrincipal, PeerUnreachable
 
 
 class Claim(NamedTuple):

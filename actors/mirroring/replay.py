@@ -16,8 +16,8 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import MirrorBehind
-from .capture import SET_SEQ, Entry, stored_seq
+from actors.errors import MirrorBehind
+from actors.mirroring.capture import SET_SEQ, Entry, stored_seq
 
 CHUNK_BYTES = 8 << 20  # a snapshot travels in pieces of this size
 

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import MirrorMismatch, NoFailover, StaleEpoch
+from actors.errors import MirrorMismatch, NoFailover, StaleEpoch
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ..errors import BrokerError, MirrorBehind, NotPrincipal, StaleEpoch
-from .capture import Capture, Entry
-from .replay import chunks
+from actors.errors import BrokerError, MirrorBehind, NotPrincipal, StaleEpoch
+from actors.mirroring.capture import Capture, Entry
+from actors.mirroring.replay import chunks
 
 log = logging.getLogger("raybroker")
 

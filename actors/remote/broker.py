@@ -1,4 +1,4 @@
-"""`BrokerActor`: the Ray shell around `actors.service.BrokerService`.
+"""`BrokerActor`: the Ray shell around `actors.service.broker.BrokerService`.
 
 What it adds is only what needs Ray: calls to other brokers (`RayPeers`), reader actors for
 activated queues (`RayReaderLauncher`), asking whether a lock holder's actor still lives, and
@@ -14,13 +14,13 @@ from typing import Any
 
 import ray
 
-from ..channel import ChannelServer
-from ..errors import BrokerError
-from ..service import BrokerService
-from .client import direct_allowed
-from .metrics import RayMetrics
-from .peers import RayPeers
-from .pools import RayReaderLauncher
+from actors.client.channel import ChannelServer
+from actors.errors import BrokerError
+from actors.remote.client import direct_allowed
+from actors.remote.metrics import RayMetrics
+from actors.remote.peers import RayPeers
+from actors.remote.pools import RayReaderLauncher
+from actors.service.broker import BrokerService
 
 GC_THRESHOLDS = (10_000, 10, 10)  # gc.set_threshold: a young pass per 10,000 new objects
 
@@ -76,7 +76,7 @@ class BrokerActor(BrokerService):
         }
 
     async def open_channel(self, holder: list) -> tuple[str, int, str] | None:
-        """(host, port, ticket) of a direct channel for a client (actors.channel); `holder`:
+        """(host, port, ticket) of a direct channel for a client (actors.client.channel); `holder`:
         its lock holder's token, in a list so Ray passes it unresolved. None when channels are
         turned off here (`RAYBROKER_DIRECT=0`, or Ray's TLS): the client stops asking."""
         if not direct_allowed():

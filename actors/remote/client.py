@@ -4,7 +4,7 @@
 the one place that turns Ray's errors into ours: a broker error raised in the actor is re-raised
 as itself, and a broker that is restarting is retried (with the same request id, so a retried
 call is applied once) until `retry_s` runs out, then `BrokerUnavailable`. Every call carries the
-handle's order (`actors.ordering`), so calls in flight together apply in the order issued.
+handle's order (`actors.calls.ordering`), so calls in flight together apply in the order issued.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any, NamedTuple
 
 import ray
 
-from ..batchverbs import BATCH_VERBS
-from ..calloop import call_loop, on_call_loop_thread
-from ..channel import Channel, ChannelBroken, Channels
-from ..coalesce import Coalescer
-from ..envelope import NOTHING_RECEIVED, answered_locks, unpack_received
-from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
-from ..ordering import Issuer
-from ..verbs import Verbs, lock_ids
+from actors.calls.envelope import NOTHING_RECEIVED, answered_locks, unpack_received
+from actors.calls.ordering import Issuer
+from actors.client.calloop import call_loop, on_call_loop_thread
+from actors.client.channel import Channel, ChannelBroken, Channels
+from actors.client.coalesce import Coalescer
+from actors.client.verbs import Verbs, lock_ids
+from actors.errors import BrokerError, BrokerUnavailable, InvalidArgument
+from actors.service.calls import BATCH_VERBS
 
 DEFAULT_NAMESPACE = "raybroker"
 STOP_WAIT_S = 30.0  # how long `stop` waits for Ray to release a killed broker's name
@@ -116,7 +116,7 @@ class _Call:
         return self.ref
 
     async def send_on(self, channel: Channel) -> Any:
-        """The call over a direct channel (actors.channel); `ChannelBroken` if it cannot be
+        """The call over a direct channel (actors.client.channel); `ChannelBroken` if it cannot be
         sent or answered there (then it goes again, as itself, through Ray)."""
         method, args = ("calls", self.args) if self.batch else (self.method, self.args)
         self.ref = answer = channel.send(self.broker.issuer.order(self.seq), method, args)
@@ -169,10 +169,10 @@ class _Call:
 
 
 class Broker(Verbs):
-    """A handle on one broker actor (`actors.verbs.BrokerHandle`). Picklable: pass it to tasks
-    and actors."""
+    """A handle on one broker actor (`actors.client.verbs.BrokerHandle`). Picklable: pass it to
+    tasks and actors."""
 
-    direct = True  # calls may go over a direct channel (actors.channel)
+    direct = True  # calls may go over a direct channel (actors.client.channel)
 
     def __init__(
         self, actor: Any, name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0
@@ -252,13 +252,13 @@ class Broker(Verbs):
                 raise BrokerUnavailable(f"Ray still holds {self.name!r} {STOP_WAIT_S}s after kill")
             time.sleep(0.02)
         if path != ":memory:":
-            lock = f"{os.path.realpath(path)}.lock"  # the store's lock file (actors.storefile)
+            lock = f"{os.path.realpath(path)}.lock"  # the store's lock file (actors.store.file)
             for f in (path, f"{path}-wal", f"{path}-shm", lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f)
 
 
-# The process's direct channels to brokers (actors.channel), shared by its handles.
+# The process's direct channels to brokers (actors.client.channel), shared by its handles.
 _channels = Channels()
 
 
@@ -285,7 +285,7 @@ def stop_broker(name: str, namespace: str = DEFAULT_NAMESPACE, delete_store: boo
 class AsyncBroker(Verbs):
     """The same verbs as `Broker`, as coroutines (for async actors and asyncio drivers).
     Concurrent apply / settle / receive calls on one event loop travel to the broker together
-    (actors.coalesce)."""
+    (actors.client.coalesce)."""
 
     def __init__(self, sync: Broker) -> None:
         self._sync = sync

@@ -9,11 +9,11 @@ from typing import Any
 
 import ray
 
-from ..errors import BrokerError, BrokerUnavailable, InvalidArgument
-from ..limits import Limits
-from ..service import check_name_and_path
-from .broker import BrokerActor
-from .client import DEFAULT_NAMESPACE, Broker
+from actors.errors import BrokerError, BrokerUnavailable, InvalidArgument
+from actors.model.limits import Limits
+from actors.remote.broker import BrokerActor
+from actors.remote.client import DEFAULT_NAMESPACE, Broker
+from actors.service.broker import check_name_and_path
 
 
 def start_broker(

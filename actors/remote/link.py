@@ -11,8 +11,8 @@ from typing import Any
 
 import ray
 
-from ..errors import BrokerError, PeerUnreachable
-from ..mirroring.capture import Entry
+from actors.errors import BrokerError, PeerUnreachable
+from actors.mirroring.capture import Entry
 
 APPLY_S = 3.0  # a ship: a batch of transactions applied in one SQLite transaction (a mirror
 # slower than this is taken for lost: the principal goes on alone, fenced by the witness)

@@ -19,7 +19,7 @@ CALL_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000]
 
 
 class RayMetrics:
-    """A `actors.metrics.MetricsSink` exporting through Ray."""
+    """A `actors.service.metrics.MetricsSink` exporting through Ray."""
 
     def __init__(self, broker: str) -> None:
         self.tags = {"broker": broker}

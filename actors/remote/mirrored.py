@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import ray
 
-from ..errors import (
+from actors.errors import (
     BrokerError,
     BrokerUnavailable,
     InvalidArgument,
@@ -26,11 +26,11 @@ from ..errors import (
     NotPrincipal,
     UnknownBroker,
 )
-from ..limits import Limits
-from ..service import check_name_and_path
-from .client import DEFAULT_NAMESPACE, Broker
-from .partner import PartnerActor
-from .witness import WitnessActor, witness_name
+from actors.model.limits import Limits
+from actors.remote.client import DEFAULT_NAMESPACE, Broker
+from actors.remote.partner import PartnerActor
+from actors.remote.witness import WitnessActor, witness_name
+from actors.service.broker import check_name_and_path
 
 START_S = 60.0  # how long a start waits for the mirror to be in step
 WATCH_S = 0.25  # a call not answered by then asks the witness for the principal (then doubling,

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from ..errors import (
+from actors.errors import (
     BrokerError,
     MirrorBehind,
     MirrorMismatch,
@@ -29,14 +29,14 @@ from ..errors import (
     NotPrincipal,
     StaleEpoch,
 )
-from ..mirroring import replay
-from ..mirroring.capture import SEQ_KEY, Capture, attach
-from ..mirroring.roles import FailureDetector, Roles
-from ..mirroring.shipper import Shipper
-from ..store import Store
-from .broker import BrokerActor
-from .link import RayLink, unwrap
-from .witness import witness_name
+from actors.mirroring import replay
+from actors.mirroring.capture import SEQ_KEY, Capture, attach
+from actors.mirroring.roles import FailureDetector, Roles
+from actors.mirroring.shipper import Shipper
+from actors.remote.broker import BrokerActor
+from actors.remote.link import RayLink, unwrap
+from actors.remote.witness import witness_name
+from actors.store.database import Store
 
 log = logging.getLogger("raybroker")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import ray
 
-from ..errors import BrokerError, NotPrincipal, PeerUnreachable
-from ..mirroring.choice import Claim
+from actors.errors import BrokerError, NotPrincipal, PeerUnreachable
+from actors.mirroring.choice import Claim
 
 log = logging.getLogger("raybroker")
 

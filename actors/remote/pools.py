@@ -8,9 +8,9 @@ from typing import Any
 
 import ray
 
-from ..catalog import Activation
-from ..errors import ReaderLost
-from .reader import ReaderActor
+from actors.errors import ReaderLost
+from actors.model.catalog import Activation
+from actors.remote.reader import ReaderActor
 
 
 @dataclasses.dataclass
@@ -28,7 +28,7 @@ class RayReaderLauncher:
 
     def new(self) -> _ReaderActor:
         if self._client is None:  # the readers' handle on this broker (made in the actor)
-            from .client import Broker
+            from actors.remote.client import Broker
 
             self._client = Broker(
                 ray.get_runtime_context().current_actor, self.broker, self.namespace

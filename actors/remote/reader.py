@@ -10,9 +10,10 @@ import dataclasses
 import time
 from typing import Any
 
-from ..activation import read_until_idle
-from ..catalog import Activation, resolve_handler
-from .client import lock_holder
+from actors.activation import read_until_idle
+from actors.model.catalog import Activation
+from actors.model.code_names import resolve_handler
+from actors.remote.client import lock_holder
 
 
 class ReaderActor:

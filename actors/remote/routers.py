@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..catalog import Activation, Contract, MessageType, Queue, Service, from_record
-from ..ddr import RouterConfig, router_contracts
-from ..errors import BrokerUnavailable, InvalidDefinition
-from .client import Broker
-from .factory import start_broker
+from actors.ddr import RouterConfig, router_contracts
+from actors.errors import BrokerUnavailable, InvalidDefinition
+from actors.model.catalog import Activation, Contract, MessageType, Queue, Service, from_record
+from actors.remote.client import Broker
+from actors.remote.factory import start_broker
 
 HANDLER = "actors.ddr.router:route_messages"
 ROUTER_QUEUE = "RouterQueue"

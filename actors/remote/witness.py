@@ -20,9 +20,9 @@ from typing import Any
 
 import ray
 
-from ..errors import BrokerError, MirrorMismatch, StoreError
-from ..mirroring import roles
-from ..mirroring.roles import Roles
+from actors.errors import BrokerError, MirrorMismatch, StoreError
+from actors.mirroring import roles
+from actors.mirroring.roles import Roles
 
 PING_S = 0.3  # how long the witness waits for the principal before taking it for lost
 

@@ -6,13 +6,13 @@ The transport knows its broker only through `port.BrokerPort` and imports nothin
 
 from __future__ import annotations
 
-from ..limits import Limits
-from ..store import Store
-from .courier import Courier
-from .inbound import Arrival, Receiver
-from .outbound import Dispatcher, Outbound
-from .port import BrokerPort, Peers
-from .wire import (
+from actors.model.limits import Limits
+from actors.store.database import Store
+from actors.transport.courier import Courier
+from actors.transport.inbound import Arrival, Receiver
+from actors.transport.outbound import Dispatcher, Outbound
+from actors.transport.port import BrokerPort, Peers
+from actors.transport.wire import (
     CONVERSATION_NOT_FOUND,
     MESSAGE_REFUSED,
     Ack,

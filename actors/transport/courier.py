@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import NotPrincipal, PeerUnreachable
-from ..mirroring.choice import Claim, MirrorRoutes, pairs
-from ..routing import Hop
-from .inbound import Arrival, Drops, Receiver
-from .outbound import Dispatcher, Outbound
-from .port import Peers, Work
-from .wire import Bundle, merge_replies, pack_bundles, pack_reply, refuses_all
+from actors.errors import NotPrincipal, PeerUnreachable
+from actors.mirroring.choice import Claim, MirrorRoutes, pairs
+from actors.model.routing import Hop
+from actors.transport.inbound import Arrival, Drops, Receiver
+from actors.transport.outbound import Dispatcher, Outbound
+from actors.transport.port import Peers, Work
+from actors.transport.wire import Bundle, merge_replies, pack_bundles, pack_reply, refuses_all
 
 log = logging.getLogger("raybroker")
 

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
-from ..dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
-from ..errors import BrokerError
-from ..routing import Hop
-from .port import BrokerPort, Work
-from .wire import (
+from actors.errors import BrokerError
+from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
+from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
+from actors.model.routing import Hop
+from actors.transport.port import BrokerPort, Work
+from actors.transport.wire import (
     CONVERSATION_NOT_FOUND,
     MESSAGE_REFUSED,
     Ack,

@@ -7,12 +7,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..dialogs import Endpoint
-from ..routing import Hop
-from ..store import Store
-from ..storetransmission import TransmissionRow
-from .port import BrokerPort, Work
-from .wire import Bundle, pack_bundles, unpack_reply
+from actors.model.dialogs import Endpoint
+from actors.model.routing import Hop
+from actors.store.database import Store
+from actors.store.transmission import TransmissionRow
+from actors.transport.port import BrokerPort, Work
+from actors.transport.wire import Bundle, pack_bundles, unpack_reply
 
 log = logging.getLogger("raybroker")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..catalog import Catalog
-from ..counters import Counts
-from ..dialogs import Endpoint
-from ..limits import Limits
-from ..routing import Hop, Match
+from actors.counters import Counts
+from actors.model.catalog import Catalog
+from actors.model.dialogs import Endpoint
+from actors.model.limits import Limits
+from actors.model.routing import Hop, Match
 
 T = TypeVar("T")
 Work = Any  # the broker's unit-of-work changes; opaque to the transport

@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from ..catalog import check_name
-from ..errors import BrokerError, InvalidArgument
-from ..packing import packb
+from actors.errors import BrokerError, InvalidArgument
+from actors.model.catalog import check_name
+from actors.packing import packb
 
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470

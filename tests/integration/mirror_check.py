@@ -101,7 +101,9 @@ def setup(root: str) -> tuple[Any, MirroredBroker]:
 def before_kill(mm: MirroredBroker) -> None:
     """What a failover must carry over besides the stream: an activated queue, rows parked in
     the transmission queue (for a broker not started yet), a conversation timer."""
-    act = Activation("actors.handlers:count_in_order", placement="internal", idle_timeout=1)
+    act = Activation(
+        "actors.activation.handlers:count_in_order", placement="internal", idle_timeout=1
+    )
     mm.create(Queue("ActQueue", activation=act))
     mm.create(Service("Act", "ActQueue", ["DEFAULT"]))
     _activated(mm, 10)

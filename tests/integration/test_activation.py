@@ -9,14 +9,14 @@ import pytest
 import ray
 
 from actors import Begin, Queue, Send, Service
-from actors.catalog import Activation
 from actors.errors import InvalidDefinition
+from actors.model.catalog import Activation
 from tests.polling import wait_until
 
 from .activation_handlers import RECORDER, RECORDER_NAMESPACE, Recorder
 
-COUNT = "actors.handlers:count_in_order"
-SLOW_COUNT = "actors.handlers:slow_count"
+COUNT = "actors.activation.handlers:count_in_order"
+SLOW_COUNT = "actors.activation.handlers:slow_count"
 
 
 def define(broker, activation: Activation | None, poison_limit: int = 5) -> None:
@@ -226,7 +226,7 @@ def test_a_hung_handler_is_bounded_by_its_lease_and_its_group_comes_back(broker)
     "activation",
     [
         Activation("no_such_module:handler"),
-        Activation("actors.handlers:no_such_function"),
+        Activation("actors.activation.handlers:no_such_function"),
         Activation(COUNT, max_readers=0),
         Activation(COUNT, placement="everywhere"),
         Activation(COUNT, idle_timeout=0),

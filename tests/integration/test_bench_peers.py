@@ -12,9 +12,9 @@ import os
 import psutil
 import pytest
 
-from actors.bench.peers import servers
-from actors.bench.peers.run import SYSTEMS, run
-from actors.bench.report import Load
+from actors.tools.bench.peers import servers
+from actors.tools.bench.peers.run import SYSTEMS, run
+from actors.tools.bench.report import Load
 
 from .conftest import in_own_process
 
@@ -63,7 +63,7 @@ def test_every_system_runs_every_workload_once_in_order(tmp_path):
     # run in the second pytest worker (tests/conftest.py), beside the tests on the session's Ray
     before = harness_servers()
     path = tmp_path / "peers.json"
-    args = ["-m", "actors.cli", "bench", "peers", "--messages", "2000", "--json", str(path)]
+    args = ["-m", "actors.tools.cli", "bench", "peers", "--messages", "2000", "--json", str(path)]
     done = in_own_process(args, timeout=600)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     report = json.loads(path.read_text())

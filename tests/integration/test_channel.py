@@ -126,8 +126,8 @@ def test_with_direct_channels_off_calls_go_through_ray(make_broker, monkeypatch)
 
 
 def test_a_receive_under_a_lock_its_caller_holds_goes_over_the_channel_too(make_broker):
-    """Were its answer lost there, the retry would get that answer again (actors.replies), not
-    read on past what it carried."""
+    """Were its answer lost there, the retry would get that answer again (actors.service.replies),
+    not read on past what it carried."""
     b = make_broker()
     define(b)
     wait_until(lambda: channels(b)["open"] >= 1, what="the sync handle's channel to open")

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from actors.cli import main
+from actors.tools.cli import main
 
 from .conftest import in_own_process
 from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these keys
@@ -17,7 +17,7 @@ from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these 
 
 @pytest.mark.slow
 def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order():
-    done = in_own_process(["-m", "actors.cli", "demo", "--orders", "200"], timeout=600)
+    done = in_own_process(["-m", "actors.tools.cli", "demo", "--orders", "200"], timeout=600)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     out = done.stdout
@@ -55,7 +55,9 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_ddr_measures_routers_beside_direct(tmp_path):
     path = tmp_path / "ddr.json"
-    done = in_own_process(["-m", "actors.cli", "bench", "ddr", "--quick", "--json", str(path)], 300)
+    done = in_own_process(
+        ["-m", "actors.tools.cli", "bench", "ddr", "--quick", "--json", str(path)], 300
+    )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     report = json.loads(path.read_text())
     assert report["scenario"] == "ddr"

@@ -79,7 +79,7 @@ def test_killing_the_broker_mid_stream_loses_and_doubles_nothing(make_broker):
             broker.apply([Send(h, "DEFAULT", body) for h in handles])
             rounds_sent = n + 1
 
-    # the driver's and the readers' calls go over direct channels (actors.channel), which the
+    # the driver's and the readers' calls go over direct channels (actors.client.channel), which the
     # kill breaks under them: their calls then go through Ray, and the channels open again
     wait_until(lambda: broker.info()["channels"]["open"] >= 4, what="four channels to open")
     sender = threading.Thread(target=send_stream)

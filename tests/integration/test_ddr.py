@@ -15,9 +15,9 @@ import pytest
 import ray
 
 from actors import Activation, Begin, Contract, MessageType, Queue, Send, Service, start_broker
-from actors.catalog import END_DIALOG, ERROR, REDIRECT
 from actors.ddr import RouterConfig, begin_redirected
 from actors.errors import InvalidDefinition
+from actors.model.catalog import END_DIALOG, ERROR, REDIRECT
 from actors.remote.client import Broker
 from actors.remote.routers import ROUTER_QUEUE, RouterSet
 from tests.polling import wait_until

@@ -12,9 +12,9 @@ import time
 import ray
 
 from actors import Begin, Queue, Send, Service
-from actors.calloop import call_loop
+from actors.calls.ordering import Issuer
+from actors.client.calloop import call_loop
 from actors.errors import UnknownMessageType
-from actors.ordering import Issuer
 from actors.remote.client import lock_holder
 from tests.polling import apoll
 
@@ -174,8 +174,8 @@ def _sync_batches(broker) -> int:
 
 
 def test_waiting_async_receives_get_what_arrives_in_the_round_trip_that_brings_it(make_broker):
-    """The broker takes for a handle's waiting receives as messages come (actors.coalesce): no
-    receive of theirs goes after the one that found nothing."""
+    """The broker takes for a handle's waiting receives as messages come (actors.client.coalesce):
+    no receive of theirs goes after the one that found nothing."""
     broker = make_broker()
     handles = _dialogs(broker, 5)
 

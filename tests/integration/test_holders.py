@@ -41,7 +41,7 @@ def wait_until_receivable(b: Broker, groups: int) -> None:
 def take_in_a_driver_that_exits(b: Broker, groups: int, concurrent: bool = False) -> None:
     """A driver script that receives `groups` groups with a long lease and exits holding them:
     in one receive, or (`concurrent`) in as many concurrent async receives of one group each,
-    which travel as one batch naming the holder's handle once (actors.coalesce)."""
+    which travel as one batch naming the holder's handle once (actors.client.coalesce)."""
     receive = (
         "import asyncio\n"
         "async def take():\n"

@@ -14,7 +14,6 @@ import pytest
 import ray
 
 from actors import Queue, Service
-from actors.cli import main
 from actors.errors import (
     InvalidArgument,
     MirrorMismatch,
@@ -23,7 +22,6 @@ from actors.errors import (
     StoreError,
     UnknownBroker,
 )
-from actors.mirrorcommands import summary
 from actors.remote.client import Broker
 from actors.remote.mirrored import (
     MirroredBroker,
@@ -33,6 +31,8 @@ from actors.remote.mirrored import (
     start_mirrored_broker,
     stop_mirrored_broker,
 )
+from actors.tools.cli import main
+from actors.tools.mirror import summary
 from tests.polling import wait_until
 
 from .conftest import in_own_process
@@ -211,7 +211,7 @@ def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_
 def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp_path):
     # its own three-node cluster, so in a process of its own (this one has the session's Ray)
     path = tmp_path / "mirror.json"
-    args = ["-m", "actors.cli", "bench", "mirror", "--quick", "--json", str(path)]
+    args = ["-m", "actors.tools.cli", "bench", "mirror", "--quick", "--json", str(path)]
     run = in_own_process(args, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(path.read_text())

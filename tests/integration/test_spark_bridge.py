@@ -399,7 +399,7 @@ def test_an_audit_that_rolled_over_is_reported_as_such_not_as_lost_rows(spark, m
 def test_the_command_line_ingests_a_parquet_file_and_reconciles_its_audit(
     spark, orders_broker, tmp_path, capsys
 ):
-    from actors.cli import main
+    from actors.tools.cli import main
 
     source, report = str(tmp_path / "orders.parquet"), str(tmp_path / "report.json")
     out, per_key = str(tmp_path / "audit.parquet"), str(tmp_path / "per_key.parquet")
@@ -460,7 +460,7 @@ def test_the_command_line_ingests_a_parquet_file_and_reconciles_its_audit(
 
 
 def test_the_audit_command_needs_the_ingest_report_to_reconcile(orders_broker, tmp_path, capsys):
-    from actors.cli import main
+    from actors.tools.cli import main
 
     code = main(
         [
@@ -480,7 +480,7 @@ def test_the_audit_command_needs_the_ingest_report_to_reconcile(orders_broker, t
 def test_bench_ingest_measures_the_ingest_beside_the_driver_loop_and_checks_delivery(
     spark, tmp_path
 ):
-    from actors.cli import main
+    from actors.tools.cli import main
 
     path = tmp_path / "ingest.json"
 

@@ -127,7 +127,7 @@ def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, t
 
 
 def test_the_command_line_deploys_shows_status_and_tears_down(ray_session, tmp_path, capsys):
-    from actors.cli import main
+    from actors.tools.cli import main
 
     tag = uuid.uuid4().hex[:6]
     path = write(tmp_path, two_brokers(tag))

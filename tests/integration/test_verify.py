@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from actors.verify.command import Options
-from actors.verify.schedule import KINDS
-from actors.verify.topology import PATHS
+from actors.tools.verify.command import Options
+from actors.tools.verify.schedule import KINDS
+from actors.tools.verify.topology import PATHS
 
 from .conftest import in_own_process
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_every_fault_kind_on_a_short_schedule_loses_doubles_and_reorders_nothing(tmp_path):
     path = tmp_path / "verify.json"
     args = ["--messages", "1200", "--seed", "4", "--timeout", "420", "--json", str(path)]
-    done = in_own_process(["-m", "actors.cli", "verify", *args], timeout=540, quiet=True)
+    done = in_own_process(["-m", "actors.tools.cli", "verify", *args], timeout=540, quiet=True)
     assert path.exists(), f"no report (exit {done.returncode}):\n{done.stdout[-4000:]}"
     r = json.loads(path.read_text())
     assert r["failures"] == [] and r["passed"] and done.returncode == 0, r
@@ -60,7 +60,9 @@ def test_verify_reports_each_deliberate_loss_double_and_inversion_by_id(tmp_path
         spark=False,
         inject=("lose", "double", "invert"),
     ).check()
-    done = in_own_process(["-m", "actors.cli", "verify", *options.argv()], timeout=300, quiet=True)
+    done = in_own_process(
+        ["-m", "actors.tools.cli", "verify", *options.argv()], timeout=300, quiet=True
+    )
     assert done.returncode == 1, done.stdout[-4000:]  # the checker failed the run
 
     r = json.loads(path.read_text())

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from actors.activation import HandlerContext
-from actors.envelope import ReceivedGroup
-from actors.handlers import count_in_order
+from actors.activation.handlers import count_in_order
+from actors.calls.envelope import ReceivedGroup
 
 NOT_A_FUNCTION = 42  # resolves, but is not callable
 

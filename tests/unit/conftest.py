@@ -20,10 +20,10 @@ def _no_ray(monkeypatch):
 
 from dataclasses import dataclass  # noqa: E402
 
-from actors.catalog import Contract, MessageType, Queue, Service  # noqa: E402
+from actors.calls.envelope import Begin, Send  # noqa: E402
 from actors.core import BrokerCore, Limits  # noqa: E402
-from actors.envelope import Begin, Send  # noqa: E402
-from actors.store import Store  # noqa: E402
+from actors.model.catalog import Contract, MessageType, Queue, Service  # noqa: E402
+from actors.store.database import Store  # noqa: E402
 from tests.fakes import FakeClock  # noqa: E402
 
 CORE_SCHEMA = {

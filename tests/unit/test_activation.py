@@ -19,16 +19,8 @@ from actors.activation import (
     readers_to_start,
     run_handler,
 )
-from actors.catalog import (
-    Activation,
-    Catalog,
-    Queue,
-    from_record,
-    handler_path,
-    resolve_handler,
-    to_record,
-)
-from actors.envelope import Begin, End, ReceivedGroup, Send, Timer
+from actors.activation.handlers import count_in_order, discard, slow_count, stamp_first_call
+from actors.calls.envelope import Begin, End, ReceivedGroup, Send, Timer
 from actors.errors import (
     BrokerError,
     ContractViolation,
@@ -37,10 +29,11 @@ from actors.errors import (
     LockNotHeld,
     ReaderRetired,
 )
-from actors.handlers import count_in_order, discard, slow_count, stamp_first_call
+from actors.model.catalog import Activation, Catalog, Queue, from_record, to_record
+from actors.model.code_names import handler_path, resolve_handler
 from tests.unit import activation_handlers
 
-COUNT = "actors.handlers:count_in_order"
+COUNT = "actors.activation.handlers:count_in_order"
 
 
 # --- a reader port over a real BrokerCore ------------------------------------------------------
@@ -705,12 +698,12 @@ def test_an_activation_refuses_a_bound_method_handler():
 @pytest.mark.parametrize(
     "path",
     [
-        pytest.param("actors.handlers", id="no colon"),
+        pytest.param("actors.activation.handlers", id="no colon"),
         pytest.param("actors:handlers:discard", id="two colons"),
         pytest.param(42, id="not a string"),
         pytest.param("no_such_module_xyz:handler", id="module does not import"),
-        pytest.param("actors.handlers:no_such_handler", id="no such function"),
-        pytest.param("actors.handlers:", id="empty function name"),
+        pytest.param("actors.activation.handlers:no_such_handler", id="no such function"),
+        pytest.param("actors.activation.handlers:", id="empty function name"),
         pytest.param("tests.unit.activation_handlers:NOT_A_FUNCTION", id="not callable"),
     ],
 )
@@ -751,11 +744,11 @@ def test_check_valid_accepts_a_queue_with_a_sound_activation(fields):
     "fields",
     [
         pytest.param({"handler": "no_such_module_xyz:f"}, id="handler does not import"),
-        pytest.param({"handler": "actors.handlers:missing"}, id="handler missing"),
+        pytest.param({"handler": "actors.activation.handlers:missing"}, id="handler missing"),
         pytest.param(
             {"handler": "tests.unit.activation_handlers:NOT_A_FUNCTION"}, id="not callable"
         ),
-        pytest.param({"handler": "actors.handlers"}, id="handler without colon"),
+        pytest.param({"handler": "actors.activation.handlers"}, id="handler without colon"),
         pytest.param({"max_readers": 0}, id="max_readers 0"),
         pytest.param({"max_readers": -1}, id="max_readers negative"),
         pytest.param({"max_readers": 2.0}, id="max_readers float"),
@@ -828,11 +821,13 @@ def test_check_alter_with_an_activation_dict_defines_one_on_a_queue_without():
     new = cat.check_alter(
         "queue",
         "ActQ",
-        {"activation": {"handler": "actors.handlers:discard", "max_readers": 3}},
+        {"activation": {"handler": "actors.activation.handlers:discard", "max_readers": 3}},
     )
 
     assert new == Queue(
-        "ActQ", poison_limit=2, activation=Activation("actors.handlers:discard", max_readers=3)
+        "ActQ",
+        poison_limit=2,
+        activation=Activation("actors.activation.handlers:discard", max_readers=3),
     )
 
 
@@ -841,7 +836,7 @@ def test_check_alter_takes_a_function_as_the_handler_in_an_activation_dict():
 
     new = cat.check_alter("queue", "ActQ", {"activation": {"handler": discard}})
 
-    assert new.activation == Activation("actors.handlers:discard")
+    assert new.activation == Activation("actors.activation.handlers:discard")
 
 
 def test_check_alter_with_activation_none_removes_it():

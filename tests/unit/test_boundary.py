@@ -14,10 +14,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.catalog import ERROR, Service
 from actors.core import Limits
-from actors.dialogs import parse_error_body
 from actors.errors import PeerUnreachable
+from actors.model.catalog import ERROR, Service
+from actors.model.dialogs import parse_error_body
 from actors.transport import MESSAGE_REFUSED
 from actors.transport.wire import Bundle, unpack_reply
 from tests.fakes import FakeClock

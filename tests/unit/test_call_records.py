@@ -1,6 +1,6 @@
 """A change sent without a request id of its own is recorded under its place in its client's
-order (actors.ordering.call_key): the calls of one numbered client call (a coalesced batch) share
-one row, and a retry of that client call, after a broker restart too, answers as the first
+order (actors.calls.ordering.call_key): the calls of one numbered client call (a coalesced batch)
+share one row, and a retry of that client call, after a broker restart too, answers as the first
 arrival did and applies nothing twice. A real broker service on a real SQLite file, no Ray."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import sqlite3
 import pytest
 
 from actors import Begin, Queue, Send, Service
-from actors.catalog import kind_of, to_record
-from actors.envelope import pack_ops, placed, unpack_received
+from actors.calls.envelope import pack_ops, placed, unpack_received
+from actors.calls.ordering import Issuer, call_key
 from actors.errors import InvalidArgument
 from actors.ids import new_request_id
-from actors.ordering import Issuer, call_key
-from actors.service import BrokerService
-from actors.store import Store
+from actors.model.catalog import kind_of, to_record
+from actors.service.broker import BrokerService
+from actors.store.database import Store
 
 OWNER = ("reader", ["token"])
 

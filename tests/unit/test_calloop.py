@@ -1,6 +1,7 @@
-"""The call loop (actors.calloop): other threads' coroutines run on its thread, each caller gets
-its own result or error in its own context, calls queued while the loop is busy are taken in one
-turn, and a caller interrupted while it waits cancels its call without stopping anyone else's."""
+"""The call loop (actors.client.calloop): other threads' coroutines run on its thread, each caller
+gets its own result or error in its own context, calls queued while the loop is busy are taken in
+one turn, and a caller interrupted while it waits cancels its call without stopping anyone
+else's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 
 import pytest
 
-from actors.calloop import CallLoop, call_loop, on_call_loop_thread
+from actors.client.calloop import CallLoop, call_loop, on_call_loop_thread
 from tests.polling import wait_until
 
 

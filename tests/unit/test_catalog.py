@@ -8,7 +8,17 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.catalog import (
+from actors.errors import (
+    AlreadyExists,
+    InUse,
+    InvalidDefinition,
+    UnknownContract,
+    UnknownMessageType,
+    UnknownQueue,
+    UnknownService,
+    ValidationFailed,
+)
+from actors.model.catalog import (
     DEFAULT,
     DIALOG_TIMER,
     ECHO,
@@ -28,16 +38,6 @@ from actors.catalog import (
     kind_of,
     may_send,
     to_record,
-)
-from actors.errors import (
-    AlreadyExists,
-    InUse,
-    InvalidDefinition,
-    UnknownContract,
-    UnknownMessageType,
-    UnknownQueue,
-    UnknownService,
-    ValidationFailed,
 )
 
 ORDER_SCHEMA = {

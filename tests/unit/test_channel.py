@@ -1,6 +1,6 @@
-"""The direct channel (actors.channel) on real loopback sockets, with a stand-in broker: calls
-answered by id, errors raised as themselves, tickets required, the lock holder's handle carried
-by reference, and a broken connection failing its calls with ChannelBroken."""
+"""The direct channel (actors.client.channel) on real loopback sockets, with a stand-in broker:
+calls answered by id, errors raised as themselves, tickets required, the lock holder's handle
+carried by reference, and a broken connection failing its calls with ChannelBroken."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors import channel as ch
+from actors.client import channel as ch
 from actors.errors import InvalidArgument
 from tests.polling import apoll, wait_until
 
@@ -365,11 +365,11 @@ def test_the_broker_gives_back_what_an_undelivered_answer_took_without_poison(tm
     lock) whose answer was lost is given back, not rolled back: the group is receivable again
     and the poison limit (2 here) is not reached however often it happens."""
     from actors import Begin, Queue, Send, Service
-    from actors.catalog import kind_of, to_record
-    from actors.envelope import pack_ops, unpack_received
+    from actors.calls.envelope import pack_ops, unpack_received
+    from actors.calls.ordering import Issuer
     from actors.ids import new_request_id
-    from actors.ordering import Issuer
-    from actors.service import BrokerService
+    from actors.model.catalog import kind_of, to_record
+    from actors.service.broker import BrokerService
 
     options = {"max_groups": 1, "top": None, "group_id": None, "handle": None, "lease_s": None}
     owner = ("holder-1", [None])

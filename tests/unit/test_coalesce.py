@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from actors.coalesce import Coalescer, _Waiter
+from actors.client.coalesce import Coalescer, _Waiter
 from actors.errors import InvalidArgument
 from tests.polling import apoll
 

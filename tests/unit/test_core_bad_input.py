@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from actors.calls.envelope import Begin, End, Send, Timer
 from actors.core import Limits
-from actors.envelope import Begin, End, Send, Timer
 from actors.errors import (
     BodyTooLarge,
     ContractViolation,
@@ -192,7 +192,7 @@ def test_a_batch_sending_a_system_message_type_is_invalid_and_changes_nothing(co
 
 
 def test_creating_a_service_on_an_unknown_contract_changes_nothing(core, busy, snapshot):
-    from actors.catalog import Service
+    from actors.model.catalog import Service
 
     refused(
         core, snapshot, UnknownContract, lambda: core.create(Service("Later", "TargetQ", ("X",)))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from actors.catalog import Service
-from actors.dialogs import LIFETIME_EXPIRED
-from actors.envelope import Begin, End, Send, Timer
+from actors.calls.envelope import Begin, End, Send, Timer
 from actors.errors import ConversationEnded, ConversationNotFound
+from actors.model.catalog import Service
+from actors.model.dialogs import LIFETIME_EXPIRED
 
 
 def receive_all(core, queue):

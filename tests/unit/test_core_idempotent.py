@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.envelope import Begin, Send, pack_ops, unpack_ops
+from actors.calls.envelope import Begin, Send, pack_ops, unpack_ops
 from actors.errors import InvalidArgument
-from actors.limits import Limits
+from actors.model.limits import Limits
 
 from .test_core_dialogs import receive_all
 

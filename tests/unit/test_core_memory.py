@@ -3,8 +3,8 @@ they end, in memory and in the store. No Ray: BrokerCore on a :memory: store, fa
 
 from __future__ import annotations
 
-from actors.catalog import DIALOG_TIMER
-from actors.envelope import Begin, End, Send, Timer
+from actors.calls.envelope import Begin, End, Send, Timer
+from actors.model.catalog import DIALOG_TIMER
 
 TABLES = ("endpoints", "endpoint_seqs", "groups", "messages", "transmission")
 

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from actors.catalog import Queue, Service
+from actors.calls.envelope import Begin, Send
 from actors.core import BrokerCore
-from actors.envelope import Begin, Send
-from actors.store import Store
+from actors.model.catalog import Queue, Service
+from actors.store.database import Store
 from tests.fakes import FakeClock
 
 # Dialogs 0-2 share group "g0" on the receiving queue, 3 is alone in "g1", 4 has its own group.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.envelope import Begin, End, Send
+from actors.calls.envelope import Begin, End, Send
 from actors.errors import (
     ContractViolation,
     GroupLocked,

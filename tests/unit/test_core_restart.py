@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.catalog import Service
-from actors.envelope import Begin, End, Send, Timer
+from actors.calls.envelope import Begin, End, Send, Timer
 from actors.errors import LockNotHeld
+from actors.model.catalog import Service
 
 
 @pytest.fixture

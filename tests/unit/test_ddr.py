@@ -9,11 +9,11 @@ import msgpack
 import pytest
 
 from actors import Activation, Begin, Contract, End, LocalBroker, MessageType, Queue, Send, Service
-from actors.catalog import END_DIALOG, ERROR, REDIRECT
 from actors.ddr import RouterConfig, router_contracts
 from actors.ddr.classifiers import field, hash_partition
 from actors.ddr.router import ROUTING_FAILED
 from actors.errors import InvalidDefinition
+from actors.model.catalog import END_DIALOG, ERROR, REDIRECT
 from tests.polling import wait_until
 
 REGIONS = ("EU", "US", "APAC", "LATAM")

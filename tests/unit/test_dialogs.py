@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from actors.catalog import DIALOG_TIMER, END_DIALOG, ERROR, Contract
-from actors.dialogs import (
+from actors.errors import ContractViolation, ConversationEnded, InvalidArgument
+from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, Contract
+from actors.model.dialogs import (
     SENDABLE,
     EndPlan,
     Endpoint,
@@ -19,7 +20,6 @@ from actors.dialogs import (
     parse_error_body,
     plan_end,
 )
-from actors.errors import ContractViolation, ConversationEnded, InvalidArgument
 
 CONTRACT = Contract("C", {"Ask": "initiator", "Answer": "target", "Note": "any"})
 ENDED = (State.DISCONNECTED_INBOUND, State.DISCONNECTED_OUTBOUND, State.ERROR, State.CLOSED)

@@ -12,9 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors import packing
-from actors.catalog import DEFAULT, ERROR
-from actors.dialogs import error_body
-from actors.envelope import (
+from actors.calls.envelope import (
     Begin,
     End,
     Message,
@@ -27,6 +25,8 @@ from actors.envelope import (
     unpack_received,
 )
 from actors.errors import InvalidArgument
+from actors.model.catalog import DEFAULT, ERROR
+from actors.model.dialogs import error_body
 
 # --- operations ------------------------------------------------------------------------------
 

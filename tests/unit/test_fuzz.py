@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from actors import Contract, LocalBroker, MessageType, Queue, Service
-from actors.catalog import Activation
+from actors.calls.envelope import Begin, End, Send, Timer
 from actors.core import BrokerCore, Limits
-from actors.envelope import Begin, End, Send, Timer
 from actors.errors import BrokerError
-from actors.store import Store
+from actors.model.catalog import Activation
+from actors.store.database import Store
 from actors.transport.wire import Bundle, unpack_reply
 from tests.fakes import FakeClock
 

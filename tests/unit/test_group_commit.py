@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from actors.envelope import Send
+from actors.calls.envelope import Send
 from actors.errors import ContractViolation, ConversationNotFound, LockNotHeld, StoreError
-from actors.groupcommit import GroupCommit
+from actors.service.group_commit import GroupCommit
 from tests.unit.test_store_faults import disk_full
 
 

@@ -12,19 +12,19 @@ import msgpack
 import pytest
 
 from actors import LocalBroker
-from actors.bodies import MAX_BODY_DEPTH, MAX_SCHEMA_BODY_BYTES, regex_hazard
-from actors.catalog import Contract, MessageType, Queue, Service, check_name, from_record
+from actors.calls.envelope import Begin, End, Send, Timer, pack_ops, unpack_ops
 from actors.core import Limits
-from actors.dialogs import MAX_ERROR_DESCRIPTION, error_body, parse_error_body
-from actors.envelope import Begin, End, Send, Timer, pack_ops, unpack_ops
 from actors.errors import (
     BrokerError,
     InvalidArgument,
     InvalidDefinition,
     ValidationFailed,
 )
-from actors.routing import Route
-from actors.store import Store
+from actors.model.bodies import MAX_BODY_DEPTH, MAX_SCHEMA_BODY_BYTES, regex_hazard
+from actors.model.catalog import Contract, MessageType, Queue, Service, check_name, from_record
+from actors.model.dialogs import MAX_ERROR_DESCRIPTION, error_body, parse_error_body
+from actors.model.routing import Route
+from actors.store.database import Store
 from tests.unit.conftest import define_core_catalog
 
 

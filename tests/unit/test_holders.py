@@ -1,6 +1,6 @@
 """Lock holders: a call names each holder's handle once and the holder's id alone after that
-(actors.coalesce), and the broker reads an id alone as the holder introduced earlier in the call.
-The coalescer's batches, and a real broker service on a real SQLite file, no Ray."""
+(actors.client.coalesce), and the broker reads an id alone as the holder introduced earlier in the
+call. The coalescer's batches, and a real broker service on a real SQLite file, no Ray."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import asyncio
 import pytest
 
 from actors import Begin, Queue, Send, Service
-from actors.catalog import kind_of, to_record
-from actors.coalesce import holders_once
-from actors.envelope import pack_ops, unpack_received
+from actors.calls.envelope import pack_ops, unpack_received
+from actors.calls.ordering import Issuer
+from actors.client.coalesce import holders_once
 from actors.errors import InvalidArgument
-from actors.holders import LockHolders
 from actors.ids import new_request_id
-from actors.ordering import Issuer
-from actors.service import BrokerService
+from actors.model.catalog import kind_of, to_record
+from actors.service.broker import BrokerService
+from actors.service.holders import LockHolders
 
 HANDLE = ["token"]  # stands for the Ray object the broker watches a holder by
 

@@ -1,5 +1,6 @@
 """Guardrails on the package's shape: where Ray may be imported, which modules import without Ray,
-no reaching into other modules' privates, no oversized modules, no import cycles.
+no reaching into other modules' privates, no oversized modules, no import cycles, and every module
+in its layer of the layout with its imports pointing down.
 
 The sources are read and parsed with `ast`; nothing is imported except in the subprocess that
 checks the pure modules. Each checker takes `{relative posix path: source}` and returns the
@@ -18,6 +19,32 @@ from pathlib import Path, PurePosixPath
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("actors", "topologies", "spark_bridge")
 MAX_LINES = 500
+
+# The layout, in one place (DESIGN.md section 2, docs/architecture.md): each layer's modules, from
+# the ground up. A module imports its own layer and the layers below it, never one above. A name
+# covers a module and everything under it; "actors" alone is the public face, actors/__init__.py.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # the handful of helpers every layer uses (and the finder that loads compiled modules); each
+    # imports nothing of the project
+    ("helpers", ("actors.errors", "actors.ids", "actors.packing", "actors.counters",
+                 "actors.compiled")),
+    ("model", ("actors.model",)),  # catalog, names, bodies, checks, limits, routes, dialogs
+    ("calls", ("actors.calls",)),  # what a call carries (envelope) and the order of calls
+    ("store", ("actors.store", "actors.mirroring")),
+    ("transport", ("actors.transport",)),
+    ("mechanisms", ("actors.core", "actors.activation", "actors.ddr")),
+    ("service", ("actors.service",)),  # the running broker, without Ray
+    ("client", ("actors.client",)),  # the handle's verbs, coalescing, call loop, channel, local
+    ("remote", ("actors.remote",)),  # the only Ray code of the broker
+    ("api", ("actors",)),  # the public face: actors/__init__.py
+    ("bridges", ("spark_bridge", "topologies")),
+    # the operator's tools: they drive whole clusters, and may import Ray
+    ("tools", ("actors.tools", "spark_bridge.bench", "spark_bridge.commands",
+               "topologies.commands")),
+)  # fmt: skip
+# where Ray (and RayDP) may be imported: the broker's Ray code, the tools, the Spark bridge and the
+# topology deployer
+RAY_ALLOWED = ("actors.remote", "actors.tools", "spark_bridge", "topologies.deploy")
 
 Files = Mapping[str, str]  # relative posix path -> source text
 
@@ -55,16 +82,15 @@ def parse(files: Files) -> Iterator[tuple[str, ast.Module]]:
 RAY_PACKAGES = ("ray", "raydp")
 
 
-DRIVER_TOOLS = ("actors/bench/", "actors/verify/")
+def covers(prefixes: tuple[str, ...], module: str) -> str | None:
+    """The longest of `prefixes` that names `module` or a package above it ("actors" only
+    itself), or None."""
+    found = [p for p in prefixes if module == p or (p != "actors" and module.startswith(p + "."))]
+    return max(found, key=len, default=None)
 
 
 def ray_allowed(rel: str) -> bool:
-    path = PurePosixPath(rel)
-    # and the tools that drive a whole cluster (benchmarks beside Ray's own queue, the fault
-    # verifier): drivers, not the broker
-    return rel.startswith(("actors/remote/", "spark_bridge/", *DRIVER_TOOLS)) or (
-        path.parent.as_posix() == "topologies" and path.name.startswith("deploy")
-    )
+    return covers(RAY_ALLOWED, module_name(rel)) is not None
 
 
 def is_ray(module: str | None) -> bool:
@@ -111,19 +137,19 @@ def test_ray_import_check_reports_violations() -> None:
         "topologies/loader.py": "import raydp.spark as s\n",
         "actors/remote/client.py": "import ray\n",
         "spark_bridge/__init__.py": "import raydp\n",
-        "topologies/deploy_k8s.py": "from ray import serve\n",
+        "topologies/deploy.py": "from ray import serve\n",
+        "actors/tools/verify/faults.py": "import ray\n",
+        "actors/remoteish.py": "import ray\n",
     }
     assert ray_imports(files) == [
         "actors/plain.py:4: from ray.util import queue",
         "actors/dyn.py:2: importlib.import_module('raydp')",
         "topologies/loader.py:1: import raydp.spark as s",
+        "actors/remoteish.py:1: import ray",
     ]
 
 
 # --- rule 2: the pure modules import without Ray -----------------------------------------------
-
-RAY_CLIENT_SIDE = ("actors/remote/", *DRIVER_TOOLS)
-RAY_CLIENT_MODULES = ("actors/cli.py", "actors/demo.py")
 
 PROBE = """
 import importlib, json, os, sys, traceback
@@ -155,14 +181,12 @@ print(json.dumps({"loaded": loaded, "via": via, "failed": failed}))
 
 
 def pure_modules(root: Path = ROOT) -> list[str]:
-    """The modules that must import without Ray: all of actors/ but the Ray client side, and
+    """The modules that must import without Ray: all of actors/ but where Ray is allowed, and
     topologies.loader."""
     names = [
         module_name(rel)
         for rel in project_files(root)
-        if rel.startswith("actors/")
-        and not rel.startswith(RAY_CLIENT_SIDE)
-        and rel not in RAY_CLIENT_MODULES
+        if rel.startswith("actors/") and not ray_allowed(rel)
     ]
     return [*names, "topologies.loader"]
 
@@ -282,24 +306,10 @@ def test_size_check_reports_violations() -> None:
 # --- rule 5: no import cycles between the project's modules -----------------------------------
 
 
-def is_type_checking(node: ast.If) -> bool:
-    return ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-
-
-def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import at any depth (module or function level), except in `if TYPE_CHECKING:`."""
-    skip = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and is_type_checking(node)
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
-    return [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip
-    ]
+def all_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import at any depth: module or function level, and under `if TYPE_CHECKING:` too
+    (a module that needs another's types depends on it as much as one that calls it)."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def imported_modules(
@@ -339,7 +349,7 @@ def import_graph(files: Files) -> dict[str, dict[str, int]]:
         if rel.endswith("__init__.py"):
             continue
         edges = graph[module_name(rel)]
-        for node in runtime_imports(tree):
+        for node in all_imports(tree):
             for target in imported_modules(rel, node, modules):
                 edges.setdefault(target, node.lineno)
     return graph
@@ -431,6 +441,60 @@ def test_cycle_check_reports_violations(tmp_path: Path) -> None:
     files = project_files(tmp_path)
     assert import_cycles(files) == [
         ["actors.a", "actors.b", "actors.pkg.c"],
+        ["actors.d", "actors.e"],  # a cycle through types alone is a cycle
         ["actors.f"],
     ]
     assert "actors/b.py:2 imports actors.pkg.c" in describe_cycle(files, import_cycles(files)[0])
+
+
+# --- rule 6: every module has its place in the layout, and imports point down its layers -------
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the layer whose names cover `module` most closely, or None."""
+    best: tuple[int, int] | None = None  # (length of the covering name, layer)
+    for i, (_, names) in enumerate(LAYERS):
+        name = covers(names, module)
+        if name is not None and (best is None or len(name) > best[0]):
+            best = (len(name), i)
+    return None if best is None else best[1]
+
+
+def misplaced(files: Files) -> list[str]:
+    """`file: ...` for every module the layout does not place, and `file:line: imports X (layer
+    above)` for every import of a module in a higher layer than the importer's."""
+    found: list[str] = []
+    graph = import_graph(files)
+    path = {module_name(rel): rel for rel in files}
+    for module in sorted(graph):
+        mine = layer_of(module)
+        if mine is None:
+            found.append(f"{path[module]}: in no layer of the layout (tests/unit/test_layout.py)")
+            continue
+        for target, line in sorted(graph[module].items(), key=lambda e: e[1]):
+            theirs = layer_of(target)
+            if theirs is not None and theirs > mine:
+                found.append(
+                    f"{path[module]}:{line}: imports {target} "
+                    f"({LAYERS[theirs][0]} is above {LAYERS[mine][0]})"
+                )
+    return found
+
+
+def test_every_import_points_down_the_layers() -> None:
+    found = misplaced(project_files())
+    assert not found, "the layout is broken:\n" + "\n".join(found)
+
+
+def test_layer_check_reports_violations() -> None:
+    files = {
+        "actors/model/catalog.py": "from actors.errors import BrokerError\n",
+        "actors/model/bad.py": "def f():\n    from actors.core.state import BrokerState\n",
+        "actors/core/state.py": "from actors.model import catalog\n",
+        "actors/stray.py": "x = 1\n",
+        "actors/errors.py": "class BrokerError(Exception): ...\n",
+    }
+    assert misplaced(files) == [
+        "actors/model/bad.py:2: imports actors.core.state (mechanisms is above model)",
+        "actors/stray.py: in no layer of the layout (tests/unit/test_layout.py)",
+    ]

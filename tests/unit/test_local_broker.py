@@ -28,9 +28,9 @@ from actors import (
     Send,
     Service,
 )
-from actors.audit import read_all
+from actors.client.local import _Call
 from actors.errors import BrokerError, UnknownQueue
-from actors.local import _Call
+from actors.store.audit import read_all
 from tests.polling import wait_until
 
 
@@ -207,7 +207,9 @@ def test_catalog_verbs_take_the_definition_class_or_its_kind_name(broker):
 
 @pytest.mark.parametrize("placement", ["pool", "internal"])
 def test_an_activated_queue_runs_its_readers_in_process_whatever_the_placement(broker, placement):
-    act = Activation("actors.handlers:count_in_order", placement=placement, idle_timeout=0.5)
+    act = Activation(
+        "actors.activation.handlers:count_in_order", placement=placement, idle_timeout=0.5
+    )
     broker.alter(Queue, "Q", activation=act.__dict__)
     h = broker.begin_dialog("S", "S", "C")
     broker.apply([Send(h, "M", [b"x"] * 20)])

@@ -8,8 +8,8 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors import locks
-from actors.locks import Lock, LockTable, QueueIndex, Tokens
+from actors.core import locks
+from actors.core.locks import Lock, LockTable, QueueIndex, Tokens
 from tests.fakes import FakeClock
 
 # --- QueueIndex ------------------------------------------------------------------------------

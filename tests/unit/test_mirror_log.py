@@ -9,13 +9,13 @@ import asyncio
 
 import pytest
 
+from actors.calls.envelope import End, Send, Timer
 from actors.core import BrokerCore, Limits
-from actors.envelope import End, Send, Timer
 from actors.errors import ContractViolation, MirrorBehind
-from actors.groupcommit import GroupCommit
 from actors.mirroring import replay
 from actors.mirroring.capture import attach
-from actors.store import Store
+from actors.service.group_commit import GroupCommit
+from actors.store.database import Store
 from tests.unit.conftest import core_snapshot, define_core_catalog, open_core_dialog
 
 TABLES = ("meta", "catalog", "groups", "endpoints", "endpoint_seqs", "messages", "transmission",

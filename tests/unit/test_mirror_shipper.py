@@ -14,7 +14,7 @@ from actors.errors import MirrorBehind, NotPrincipal, PeerUnreachable
 from actors.mirroring import replay, roles
 from actors.mirroring.capture import attach
 from actors.mirroring.shipper import Shipper
-from actors.store import Store
+from actors.store.database import Store
 from tests.fakes import FakeClock
 from tests.polling import apoll
 from tests.unit.conftest import define_core_catalog, open_core_dialog

@@ -1,5 +1,6 @@
-"""`actors.ordering`: one client's calls start in the order it issued them, however they arrive,
-and a lost call, a restarted broker or a cancelled call never blocks the ones after it for long."""
+"""`actors.calls.ordering`: one client's calls start in the order it issued them, however they
+arrive, and a lost call, a restarted broker or a cancelled call never blocks the ones after it for
+long."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from actors import LocalBroker, Queue, Send, Service, verbs
-from actors.batchverbs import CLIENT_VERBS
-from actors.envelope import Begin, pack_ops
+from actors import LocalBroker, Queue, Send, Service
+from actors.calls.envelope import Begin, pack_ops
+from actors.calls.ordering import Issuer, Sequencer, check_order
+from actors.client import verbs
 from actors.errors import InvalidArgument
 from actors.ids import new_request_id
-from actors.ordering import Issuer, Sequencer, check_order
+from actors.service.calls import CLIENT_VERBS
 from tests.fakes import FakeClock
 
 
@@ -265,7 +267,7 @@ def test_the_broker_takes_through_call_exactly_the_verbs_a_handle_calls():
     called = _constant_args(source.read_text(), "_call", 0)
     # and what the async handle calls itself (its waiting receives' `wait_take`); a batch
     # goes through the actor's `calls`, not `call`
-    client = (Path(verbs.__file__).parent / "remote" / "client.py").read_text()
+    client = (Path(verbs.__file__).parents[1] / "remote" / "client.py").read_text()
     called |= _constant_args(client, "_Call", 1) - {"calls"}
     assert called == CLIENT_VERBS
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.bench.peers.checker import EXAMPLES, check
+from actors.tools.bench.peers.checker import EXAMPLES, check
 
 EXPECTED = {0: 3, 1: 2}  # conversation 0: seq 0..2, conversation 1: seq 0..1
 CLEAN = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)]

@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
-from actors.bench.peers import driver
-from actors.bench.peers.checker import check
-from actors.bench.peers.raw_sqlite import RawSqlite
-from actors.bench.peers.workloads import (
+from actors.tools.bench.peers import driver
+from actors.tools.bench.peers.checker import check
+from actors.tools.bench.peers.raw_sqlite import RawSqlite
+from actors.tools.bench.peers.workloads import (
     BODY_BYTES,
     CLIENTS,
     Workload,
@@ -22,7 +22,7 @@ from actors.bench.peers.workloads import (
     expected,
     plan,
 )
-from actors.bench.report import Load
+from actors.tools.bench.report import Load
 
 
 def by_variant(load: Load) -> dict[str, Workload]:

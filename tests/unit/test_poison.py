@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.poison import PoisonCounter
+from actors.core.poison import PoisonCounter
 
 
 def _roll_back(counter: PoisonCounter, queue: str, limit: int, times: int) -> list[bool]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from actors.activation import Decision, PoolPolicy
-from actors.catalog import Activation
-from actors.limits import Limits
+from actors.model.catalog import Activation
+from actors.model.limits import Limits
 from tests.fakes import FakeClock
 
-COUNT = "actors.handlers:count_in_order"
+COUNT = "actors.activation.handlers:count_in_order"
 TUNABLES = Limits()
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from actors.catalog import Queue, Service
+from actors.calls.envelope import Begin, Send
 from actors.core import Limits
-from actors.envelope import Begin, Send
-from actors.readcache import ReadCache
+from actors.core.readcache import ReadCache
+from actors.model.catalog import Queue, Service
 
 
 def row(i: int, group: int = 1, body: bytes = b"x") -> tuple:

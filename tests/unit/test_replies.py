@@ -1,6 +1,6 @@
 """A lock-taking call runs once per (client, number) and its answer is kept for the call's other
-arrivals (actors.replies): the rules alone, then a broker whose receive answer was sent over a
-real socket and lost, asked again with the same number, and one whose answer to a receive under
+arrivals (actors.service.replies): the rules alone, then a broker whose receive answer was sent over
+a real socket and lost, asked again with the same number, and one whose answer to a receive under
 a held lock could not be sent."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pickle
 
 import pytest
 
-from actors import channel as ch
-from actors.envelope import NOTHING_RECEIVED, unpack_received
+from actors.calls.envelope import NOTHING_RECEIVED, unpack_received
+from actors.client import channel as ch
 from actors.errors import InvalidArgument
-from actors.replies import KEEP_S, Replies, took
+from actors.service.replies import KEEP_S, Replies, took
 
 TOOK = b"groups"  # stands for a receive's answer that took something
 
@@ -197,10 +197,10 @@ def test_the_oldest_kept_answers_go_past_the_byte_budget():
 def broker(tmp_path):
     """A broker service with three one-message conversation groups on queue T."""
     from actors import Begin, Queue, Send, Service
-    from actors.catalog import kind_of, to_record
-    from actors.envelope import pack_ops
+    from actors.calls.envelope import pack_ops
     from actors.ids import new_request_id
-    from actors.service import BrokerService
+    from actors.model.catalog import kind_of, to_record
+    from actors.service.broker import BrokerService
 
     async def make():
         service = BrokerService("b", str(tmp_path / "b.sqlite"))

@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from actors.envelope import Begin, Send
+from actors.calls.envelope import Begin, Send
+from actors.client.local import LocalBroker
 from actors.errors import InvalidArgument, UnknownService
-from actors.local import LocalBroker
 
 IDS = sorted(str(uuid.uuid4()) for _ in range(3))  # the order round-robin takes them in
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.errors import AlreadyExists, InvalidArgument, NotFound, UnknownRoute
-from actors.routing import (
+from actors.model.routing import (
     AUTO_LOCAL,
     Address,
     Match,
@@ -221,7 +221,7 @@ def test_the_same_conversation_id_always_picks_the_same_broker():
 
 def test_the_pick_is_the_same_in_other_processes_whatever_their_hash_seed():
     code = (
-        "import sys; from actors.routing import Route, match\n"
+        "import sys; from actors.model.routing import Route, match\n"
         f"rs = [Route('a', 'S', {B1!r}, 'ray://X'), Route('b', 'S', {B2!r}, 'ray://Y')]\n"
         f"for c in {CIDS[:20]!r}:\n"
         f"    print(match(rs, 'S', None, c, 0.0, local_broker_id={LOCAL_ID!r}).broker_instance)\n"

@@ -1,5 +1,5 @@
-"""A group commit's units on the store (actors.savepoints): a savepoint only for a unit that runs a
-statement, message inserts and received-range removals held until the next statement, and a
+"""A group commit's units on the store (actors.store.savepoints): a savepoint only for a unit that
+runs a statement, message inserts and received-range removals held until the next statement, and a
 transaction that cannot commit once running held writes failed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from actors.store import Store
+from actors.store.database import Store
 
 WAITING = 0
 

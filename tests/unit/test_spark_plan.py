@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.catalog import MessageType
-from actors.envelope import MAX_HANDLE, Begin, Send
+from actors.calls.envelope import MAX_HANDLE, Begin, Send
 from actors.errors import InvalidArgument
+from actors.model.catalog import MessageType
 from spark_bridge.plan import (
     MAX_INGEST_ID,
     IngestSpec,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from actors.errors import InvalidArgument, StoreError
-from actors.store import ENDPOINT_COLUMNS, Store
+from actors.store.database import ENDPOINT_COLUMNS, Store
 
 WAITING, RECEIVED = 0, 1
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from actors import LocalBroker
-from actors.catalog import Queue
-from actors.envelope import Begin, Send, Timer
+from actors.calls.envelope import Begin, Send, Timer
 from actors.errors import StoreError, StoreInUse
-from actors.store import Store
+from actors.model.catalog import Queue
+from actors.store.database import Store
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from actors import LocalBroker, Send
-from actors.catalog import Queue, Service
 from actors.errors import TopologyError
-from actors.routing import Route, balance, target_hazards
+from actors.model.catalog import Queue, Service
+from actors.model.routing import Route, balance, target_hazards
 from tests.polling import wait_until
 from topologies.loader import load, parse, unsatisfiable
 

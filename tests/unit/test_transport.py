@@ -10,15 +10,15 @@ from collections import Counter
 import msgpack
 import pytest
 
-from actors.catalog import END_DIALOG, ERROR, Contract, MessageType, Queue, Service
+from actors.calls.envelope import Begin, End, Message, Send
+from actors.client.local import LocalBroker
 from actors.core import BrokerCore, Limits
-from actors.dialogs import CONTRACT_NOT_ACCEPTED, LIFETIME_EXPIRED, parse_error_body
-from actors.envelope import Begin, End, Message, Send
 from actors.errors import BrokerError, ConversationEnded, UnknownBroker
-from actors.local import LocalBroker
-from actors.routing import match
-from actors.service import BrokerService
-from actors.store import Store
+from actors.model.catalog import END_DIALOG, ERROR, Contract, MessageType, Queue, Service
+from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, LIFETIME_EXPIRED, parse_error_body
+from actors.model.routing import match
+from actors.service.broker import BrokerService
+from actors.store.database import Store
 from actors.transport import (
     CONVERSATION_NOT_FOUND,
     MESSAGE_REFUSED,

@@ -10,14 +10,14 @@ import time
 import pytest
 
 from actors import Activation, Contract, LocalBroker, MessageType, Queue, Service
-from actors.envelope import Begin, Send
+from actors.calls.envelope import Begin, Send
 from actors.errors import InvalidArgument
-from actors.verify.checker import Reply, Sent, check, first_reply_at, inject, recovered_at
-from actors.verify.history import History
-from actors.verify.malformed import EXPECTED, Malformed
-from actors.verify.report import build, failures, handlers_seen, table
-from actors.verify.topology import CONTRACT, HANDLER, MAX_BODY, PATHS, REPLY, REQUEST
-from actors.verify.workload import Collector, Gates, Sender, begin_streams
+from actors.tools.verify.checker import Reply, Sent, check, first_reply_at, inject, recovered_at
+from actors.tools.verify.history import History
+from actors.tools.verify.malformed import EXPECTED, Malformed
+from actors.tools.verify.report import build, failures, handlers_seen, table
+from actors.tools.verify.topology import CONTRACT, HANDLER, MAX_BODY, PATHS, REPLY, REQUEST
+from actors.tools.verify.workload import Collector, Gates, Sender, begin_streams
 from tests.polling import wait_until
 
 

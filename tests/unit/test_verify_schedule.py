@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from actors.errors import InvalidArgument
-from actors.verify.command import Options
-from actors.verify.schedule import FIRST, KINDS, LAST, parse_kinds, plan
-from actors.verify.topology import AFFECTS, TARGETS
+from actors.tools.verify.command import Options
+from actors.tools.verify.schedule import FIRST, KINDS, LAST, parse_kinds, plan
+from actors.tools.verify.topology import AFFECTS, TARGETS
 
 
 def test_the_same_seed_gives_the_same_schedule_and_other_seeds_other_ones():
@@ -81,7 +81,7 @@ def test_options_are_checked_before_anything_starts(change, message):
 def test_options_round_trip_through_the_command_line():
     import argparse
 
-    from actors.verify.command import add_arguments, options
+    from actors.tools.verify.command import add_arguments, options
 
     o = Options(2000, 5, "node_removed", "/tmp/r.json", 120.0, False, 4, ("lose",))
     parser = argparse.ArgumentParser()
@@ -90,7 +90,7 @@ def test_options_round_trip_through_the_command_line():
 
 
 def test_the_command_line_refuses_bad_options_before_starting_anything(capsys):
-    from actors.cli import main
+    from actors.tools.cli import main
 
     assert main(["verify", "--faults", "broker_killed,meteor"]) == 1
     err = capsys.readouterr().err

@@ -1,0 +1,428 @@
+"""What crosses actor calls: the verbs' operations and received messages, packed with msgpack.
+
+Bodies are bytes and travel as msgpack bin; nothing user-supplied is pickled. A whole batch (many
+operations, or many received groups) is one msgpack blob, so one actor call carries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgpack
+
+from actors.calls.ordering import CallKey
+from actors.errors import InvalidArgument, InvalidDefinition, shown
+from actors.ids import new_uuid
+from actors.model import checks
+from actors.model.catalog import DEFAULT, ERROR, check_name
+from actors.model.dialogs import check_error, parse_error_body
+from actors.model.routing import check_broker_id
+from actors.packing import packb
+
+MAX_HANDLE = 200  # characters in a conversation handle or group id a caller chooses
+
+
+def _name(what: str, value: object) -> str:
+    try:
+        return check_name(what, value)
+    except InvalidDefinition as exc:  # an argument to a verb, not a catalog definition
+        raise InvalidArgument(str(exc)) from None
+
+
+def _handle(what: str, value: object, *, none: bool = False) -> None:
+    """A conversation handle or group id: a non-empty string of at most MAX_HANDLE characters."""
+    if value is None and none:
+        return
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_HANDLE:
+        raise InvalidArgument(
+            f"{what} must be a non-empty string of at most {MAX_HANDLE} characters, not "
+            f"{shown(value)}"
+        )
+
+
+@dataclass(frozen=True)
+class Begin:
+    """BEGIN DIALOG. The caller picks the handle (a fresh one by default) so that operations in
+    the same batch can send on the new dialog, and so a retried batch names the same dialog.
+
+    `conversation_id` names the conversation itself (a fresh one by default): a caller that
+    derives it from its own data (the Spark bridge: ingest id and key) can find the dialog's
+    messages in the audit. `if_absent`: when the handle is already this very dialog (same services
+    and contract), the Begin does nothing, so a re-run begins each dialog once."""
+
+    from_service: str
+    to_service: str
+    contract: str = DEFAULT
+    handle: str = field(default_factory=new_uuid)
+    to_broker: str | None = None
+    related_conversation: str | None = None
+    related_group: str | None = None
+    lifetime: float | None = None
+    conversation_id: str | None = None
+    if_absent: bool = False
+
+    def __post_init__(self) -> None:
+        _name("from_service", self.from_service)
+        _name("to_service", self.to_service)
+        _name("contract", self.contract)
+        _handle("conversation handle", self.handle)
+        _handle("related_conversation", self.related_conversation, none=True)
+        _handle("related_group", self.related_group, none=True)
+        if self.to_broker is not None:
+            if not isinstance(self.to_broker, str):
+                raise InvalidArgument(
+                    f"to_broker must be a broker id (a string), not {type(self.to_broker).__name__}"
+                )
+            try:  # normalised as a route's broker_instance is, so ids compare equal
+                object.__setattr__(self, "to_broker", check_broker_id(self.to_broker))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"to_broker: {exc}") from None
+        checks.seconds("dialog lifetime", self.lifetime, none=True)
+        _handle("conversation_id", self.conversation_id, none=True)
+        checks.flag("if_absent", self.if_absent)
+
+
+@dataclass(frozen=True)
+class Send:
+    """SEND: every body, in order, on every handle.
+
+    `at`: the sequence number the first body must get on each dialog. Bodies whose numbers the
+    dialog has already used are skipped (they were sent by an earlier try of the same batch), so a
+    re-sent batch sends only what is new; an `at` beyond the dialog's next number is refused (it
+    would leave a gap)."""
+
+    handles: tuple[str, ...]
+    message_type: str
+    bodies: tuple[bytes, ...]
+    at: int | None
+
+    def __init__(
+        self,
+        handles: str | Sequence[str],
+        message_type: str,
+        bodies: bytes | Sequence[bytes],
+        at: int | None = None,
+    ) -> None:
+        if isinstance(handles, str):
+            handles = (handles,)
+        else:  # a list as the wire brings it, at once; anything else once checked
+            kind = type(handles)
+            handles = tuple(handles if kind is list else checks.items("handles", handles))
+        if not handles:
+            raise InvalidArgument("send needs at least one conversation handle")
+        # one handle (most sends) is checked without a generator
+        h = handles[0]
+        if not (type(h) is str and 0 < len(h) <= MAX_HANDLE) or (
+            len(handles) > 1
+            and not all(type(h) is str and 0 < len(h) <= MAX_HANDLE for h in handles)
+        ):
+            for handle in handles:  # find the bad one, to name it
+                _handle("conversation handle", handle)
+        object.__setattr__(self, "handles", handles)
+        object.__setattr__(self, "message_type", _name("message type", message_type))
+        if isinstance(bodies, bytes | bytearray):
+            bodies = (bodies,)
+        elif type(bodies) is not list and (
+            isinstance(bodies, str) or not isinstance(bodies, Sequence)  # an ABC check: slower
+        ):
+            raise InvalidArgument(
+                f"a message body must be bytes (or a list of bytes), not {type(bodies).__name__}"
+            )
+        if (len(bodies) != 1 or type(bodies[0]) is not bytes) and not all(
+            type(body) is bytes for body in bodies
+        ):
+            bodies = tuple(map(_as_bytes, bodies))
+        object.__setattr__(self, "bodies", tuple(bodies))
+        if at is not None:
+            checks.whole("send at (a sequence number)", at, least=0)
+        object.__setattr__(self, "at", at)
+
+
+def _as_bytes(body: object) -> bytes:
+    if isinstance(body, bytes | bytearray):
+        return bytes(body)
+    raise InvalidArgument(f"message bodies must be bytes, not {type(body).__name__}")
+
+
+@dataclass(frozen=True)
+class End:
+    """END CONVERSATION [WITH ERROR = code DESCRIPTION = description | WITH CLEANUP]."""
+
+    handle: str
+    error: int | None = None
+    description: str = ""
+    cleanup: bool = False
+
+    def __post_init__(self) -> None:
+        _handle("conversation handle", self.handle)
+        check_error(self.error, self.description)
+        checks.flag("cleanup", self.cleanup)
+        if self.cleanup and self.error is not None:
+            raise InvalidArgument("end a conversation WITH ERROR or WITH CLEANUP, not both")
+
+
+@dataclass(frozen=True)
+class Timer:
+    """BEGIN CONVERSATION TIMER: a DialogTimer message arrives on this endpoint after `timeout`
+    seconds (0 cancels a pending timer)."""
+
+    handle: str
+    timeout: float
+
+    def __post_init__(self) -> None:
+        _handle("conversation handle", self.handle)
+        checks.seconds("timer timeout", self.timeout, zero=True)
+
+
+Op = Begin | Send | End | Timer
+_TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
+_ARITY = {0: 11, 1: 5, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
+
+
+def call_bytes(ops: Sequence[Op]) -> int:
+    """The bytes of the bodies one call carries (each body once, however many handles)."""
+    size = 0
+    for op in ops:
+        if isinstance(op, Send):
+            size += sum(map(len, op.bodies))
+    return size
+
+
+def check_call_size(ops: Sequence[Op], limit: int) -> None:
+    """Refuse a call whose bodies sum to more than `limit` (a broker's max_call_bytes)."""
+    size = call_bytes(ops)
+    if size > limit:
+        raise InvalidArgument(
+            f"one call carries {size:,} bytes of bodies; the broker's max_call_bytes is "
+            f"{limit:,}: split the operations over several calls, or raise the limit"
+        )
+
+
+NO_OPS = packb([])  # the operations of a call that has none
+
+
+def pack_ops(ops: Sequence[Op]) -> bytes:
+    out: list[list[Any]] = []
+    for op in checks.items("ops", ops):
+        tag = _TAGS.get(type(op))
+        if tag is None:
+            raise InvalidArgument(f"{op!r} is not an operation; use Begin, Send, End or Timer")
+        if tag == 1:
+            out.append([1, list(op.handles), op.message_type, list(op.bodies), op.at])
+        elif tag == 0:
+            out.append(
+                [
+                    0,
+                    op.from_service,
+                    op.to_service,
+                    op.contract,
+                    op.handle,
+                    op.to_broker,
+                    op.related_conversation,
+                    op.related_group,
+                    op.lifetime,
+                    op.conversation_id,
+                    op.if_absent,
+                ]
+            )
+        elif tag == 2:
+            out.append([2, op.handle, op.error, op.description, op.cleanup])
+        else:
+            out.append([3, op.handle, op.timeout])
+    try:
+        return packb(out) if out else NO_OPS
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument(
+            f"operations could not be encoded ({exc}); bodies must be bytes"
+        ) from None
+
+
+def unpack_ops(blob: bytes) -> list[Op]:
+    """The operations of a call, each checked as the client checked it: a blob another client
+    (or anything else) sent that is not a list of well-formed operations is InvalidArgument."""
+    if type(blob) is bytes and blob == NO_OPS:  # a receive's commit carries none: nothing to decode
+        return []
+    try:
+        recs = msgpack.unpackb(blob, raw=False) if isinstance(blob, bytes) else None
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise InvalidArgument(f"operations could not be decoded ({type(exc).__name__})") from None
+    if not isinstance(recs, list):
+        raise InvalidArgument("operations must arrive as a msgpack list of operations")
+    ops: list[Op] = []
+    for i, rec in enumerate(recs):
+        tag = rec[0] if isinstance(rec, list) and rec else None
+        if type(tag) is not int or len(rec) != _ARITY.get(tag):
+            raise InvalidArgument(
+                f"operation {i} is not an operation: each is [tag, fields...] with tag 0 (Begin), "
+                "1 (Send), 2 (End) or 3 (Timer) and that operation's fields"
+            )
+        if tag == 1:
+            ops.append(Send(rec[1], rec[2], rec[3], rec[4]))
+        elif tag == 0:
+            ops.append(Begin(*rec[1:]))
+        elif tag == 2:
+            ops.append(End(*rec[1:]))
+        else:
+            ops.append(Timer(*rec[1:]))
+    return ops
+
+
+class Message(NamedTuple):
+    """One received message (a row of RECEIVE's result). Immutable; a tuple, so a bulk
+    receive's thousands are cheap to make."""
+
+    queuing_order: int
+    conversation_handle: str
+    conversation_id: str
+    conversation_group_id: str
+    message_type: str
+    body: bytes
+    sequence_number: int
+    service_name: str
+    far_service: str
+    contract: str
+    sent_at: float
+    arrived_at: float
+
+    @property
+    def error(self) -> tuple[int, str] | None:
+        """(code, description) of an Error message, else None."""
+        return parse_error_body(self.body) if self.message_type == ERROR else None
+
+
+# Per endpoint, once per group: (handle, conversation_id, service, far_service, contract).
+EndpointInfo = tuple[str, str, str, str, str]
+# Per message: (queuing_order, endpoint_no, seq, message_type, body, sent_at, arrived_at).
+Row = tuple[int, int, int, str, bytes, float, float]
+
+
+class _computed_once:  # noqa: N801 (a decorator, named as functools.cached_property is)
+    """`functools.cached_property` without its lock: in Python 3.11 its first access takes an
+    RLock, about a third of the cost of making a one-message group's `messages` (each group's is
+    made once, in the thread that received it)."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)  # the instance's own from now on
+        return value
+
+
+@dataclass
+class ReceivedGroup:
+    """The messages RECEIVE took from one conversation group, and the lock on that group.
+
+    Commit or roll back through the client with this object (or its `lock_id`)."""
+
+    group_id: str
+    lock_id: str
+    state: bytes | None
+    endpoints: dict[int, EndpointInfo]
+    rows: list[Row]
+
+    @_computed_once
+    def messages(self) -> list[Message]:
+        eps, gid, new = self.endpoints, self.group_id, tuple.__new__
+        out = []
+        for qo, ep, seq, mt, body, sent, arrived in self.rows:
+            handle, conv, svc, far, contract = eps[ep]
+            out.append(
+                new(
+                    Message,
+                    (qo, handle, conv, gid, mt, body, seq, svc, far, contract, sent, arrived),
+                )
+            )
+        return out
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
+    return packb(
+        [[g.group_id, g.lock_id, g.state, list(g.endpoints.items()), g.rows] for g in groups]
+    )
+
+
+NOTHING_RECEIVED = pack_received([])  # the answer of a receive that took nothing
+
+
+def placed(method: str, args: Any, key: CallKey) -> Any:
+    """A call's arguments with `key` (its place in its client's order, actors.calls.ordering) as the
+    request id of its change when the caller gave none: an apply's, a settle's, a receive's
+    settle part's. Arguments of another shape are left for the verb to refuse."""
+    if method == "apply":
+        if len(args) == 2 and _unnamed(args[1]):
+            return args[0], key
+    elif method == "settle":
+        if len(args) == 5 and _unnamed(args[4]):
+            return (*args[:4], key)
+    elif method == "receive" and len(args) == 6:
+        settle = args[4]
+        if isinstance(settle, list | tuple) and len(settle) == 5 and _unnamed(settle[4]):
+            return (*args[:4], (*settle[:4], key), args[5])
+    return args
+
+
+def _unnamed(request_id: Any) -> bool:
+    """Whether a request id from a client is absent (None); one that is neither absent nor a
+    non-empty string is refused, a client cannot pass a place in the order as its own."""
+    if request_id is None:
+        return True
+    if type(request_id) is not str or not request_id:
+        raise InvalidArgument(f"request_id must be a non-empty string, not {shown(request_id)}")
+    return False
+
+
+def held_lock(receive_args: Any) -> str | None:
+    """The lock a receive's arguments (queue, wait, options, ...) name as its caller's already
+    (`lock_id`), if any: what such a receive returns stays under that lock, its caller's."""
+    options = receive_args[2] if len(receive_args) > 2 else None
+    return options.get("lock_id") if isinstance(options, dict) else None
+
+
+def taken_locks(method: str, args: Any, answer: Any) -> list[str]:
+    """The locks a call's answer (as the broker sends it) took for its caller: a receive's, a
+    batch's receives', a shared wait's takes', a conversation group's. None when a receive in
+    it read under a lock its caller already held: that read moved the caller's lock on, so
+    what it returned stays the caller's."""
+    if method == "get_conversation_group":
+        return [answer[1]] if answer else []
+    if method == "receive":
+        receives, taken = [args], [answer]
+    elif method == "calls":
+        receives = [a for m, a in args[0] if m == "receive"]
+        taken = [value for ok, value in answer if ok]
+    elif method == "wait_take":
+        receives, taken = list(args[2]), [value for ok, value in answer if ok]
+    else:
+        return []
+    if any(held_lock(r) is not None for r in receives):
+        return []
+    return [
+        g.lock_id
+        for blob in taken
+        if isinstance(blob, bytes) and blob != NOTHING_RECEIVED
+        for g in unpack_received(blob)
+    ]
+
+
+def answered_locks(method: str, args: Any, outcome: Any) -> list[str]:
+    """`taken_locks` of a call's outcome (an asyncio future or task): none unless it finished
+    with an answer (cancelled, or raised, it took nothing for its caller)."""
+    if not outcome.done() or outcome.cancelled() or outcome.exception() is not None:
+        return []
+    return taken_locks(method, args, outcome.result())
+
+
+def unpack_received(blob: bytes) -> list[ReceivedGroup]:
+    out = []
+    for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):
+        out.append(ReceivedGroup(gid, lock_id, state, {k: tuple(v) for k, v in eps}, rows))
+    return out

@@ -1,0 +1,108 @@
+"""What one verb changes, gathered while its transaction is open (`Changes`), and the records it
+gathers: messages that arrived in a group or left it, operator events, new conversation groups.
+
+The unit of work (`actors.core.work`) makes one per verb, commits what it holds and applies it to
+the broker's state (`actors.core.state`); the verbs fill it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from actors.model.dialogs import Endpoint
+
+
+@dataclass
+class Group:
+    no: int
+    group_id: str
+    queue: str
+    members: int = 0  # endpoints in the group
+    stateful: bool = False  # a state was stored for it (else a receive need not read one)
+
+
+class Arrived(NamedTuple):
+    """Messages committed to a group: where they start, how many, and where their rows are in
+    `Changes.messages` (-1: not there, e.g. moved from another group)."""
+
+    queue: str
+    group: int
+    first_id: int
+    count: int
+    at: int
+    nbytes: int
+
+
+class Removed(NamedTuple):
+    """Messages taken off a group; `oldest`: they were its oldest waiting ones (a commit)."""
+
+    queue: str
+    group: int
+    count: int
+    oldest: bool
+
+
+class Event(NamedTuple):
+    at: float
+    kind: str
+    subject: str
+    detail: str
+
+
+class Changes:
+    """What one verb changes, gathered while its transaction is open. (A plain class: two are
+    made per message in a busy broker, and a dataclass's field factories cost twice as much.)"""
+
+    __slots__ = (
+        "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
+        "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
+        "after", "sent",
+    )  # fmt: skip
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.messages: list[tuple[Any, ...]] = []  # store.insert_messages rows
+        self.arrivals: list[Arrived] = []
+        self.removals: list[Removed] = []
+        self.transmission: list[tuple[Any, ...]] = []
+        self.touched: dict[int, Endpoint] = {}  # no -> snapshot before change
+        # those of them changed beyond their sequence numbers (found when written)
+        self.settled: list[int] = []
+        self.new_endpoints: list[Endpoint] = []
+        self.new_nos: set[int] = set()  # their numbers, for touch
+        self.dead_endpoints: list[Endpoint] = []
+        self.new_groups: list[Group] = []
+        self.events: list[Event] = []
+        self.audit: list[list[Any]] = []  # committed groups' delivery records (actors.store.audit)
+        self.undo: list[Callable[[], None]] = []
+        self.after: list[Callable[[], None]] = []
+        self.sent = 0  # messages sent (for the broker's counts)
+
+    def touch(self, ep: Endpoint) -> Endpoint:
+        """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
+        if ep.no not in self.touched and ep.no not in self.new_nos:
+            snap = object.__new__(Endpoint)  # copy.copy, without its generic (slow) protocol
+            snap.__dict__.update(ep.__dict__)
+            self.touched[ep.no] = snap
+        return ep
+
+    def take_back(self, endpoint_no: int) -> None:
+        """Drop the messages this unit delivered to `endpoint_no` (it ended in the same unit, so
+        they go with those already stored; written, they would outlive it)."""
+        if not any(row[2] == endpoint_no for row in self.messages):
+            return
+        rows: list[tuple[Any, ...]] = []
+        arrivals: list[Arrived] = []
+        for a in self.arrivals:  # each of them covers rows of one endpoint (`Delivery.enqueue`)
+            mine = self.messages[a.at : a.at + a.count] if a.at >= 0 else []
+            if mine and mine[0][2] == endpoint_no:
+                continue
+            arrivals.append(a._replace(at=len(rows)) if mine else a)
+            rows += mine
+        self.messages, self.arrivals = rows, arrivals
+
+    def event(self, kind: str, subject: str, detail: str) -> None:
+        """An operator event, written in this transaction and surfaced after it commits."""
+        self.events.append(Event(self.now, kind, subject, detail))

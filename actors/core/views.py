@@ -1,0 +1,160 @@
+"""Monitoring views of one broker, as plain rows: conversation endpoints, queues and their
+messages, conversation groups, the transmission queue, operator events and the delivery audit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from actors.model import checks
+from actors.store import audit as audit_format
+from actors.store.database import Store
+
+if TYPE_CHECKING:
+    from actors.core.state import BrokerState
+
+
+def endpoints(state: BrokerState) -> list[dict[str, Any]]:
+    """sys.conversation_endpoints."""
+    return [
+        {
+            "conversation_handle": ep.handle,
+            "conversation_id": ep.conversation_id,
+            "is_initiator": ep.is_initiator,
+            "service": ep.service,
+            "far_service": ep.far_service,
+            "far_broker": ep.far_broker,
+            "contract": ep.contract,
+            "conversation_group_id": state.groups[ep.group_no].group_id,
+            "state": ep.state.value,
+            "send_sequence": ep.send_seq,
+            "receive_sequence": ep.recv_seq,
+            "lifetime_expires_at": ep.expires_at,
+            "timer_due_at": ep.timer_at,
+        }
+        for ep in state.endpoints.values()
+    ]
+
+
+def queue(state: BrokerState, store: Store, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
+    """The rows of one queue, in queue order, with each message's status."""
+    checks.page(0, limit)
+    state.catalog.queue(queue)
+    groups = [g.no for g in state.groups.values() if g.queue == queue]
+    out = []
+    for qo, ep_no, seq, mt, body, sent, arrived, g, status in store.queue_rows(groups, limit):
+        ep = state.endpoints.get(ep_no)
+        locked = state.locks.by_group.get(g)
+        out.append(
+            {
+                "queuing_order": qo,
+                "status": "received"
+                if status
+                else (
+                    "locked" if locked and locked.first_id <= qo <= locked.last_id else "waiting"
+                ),
+                "conversation_group_id": state.groups[g].group_id,
+                "conversation_handle": ep.handle if ep else None,
+                "service": ep.service if ep else None,
+                "message_type": mt,
+                "sequence_number": seq,
+                "body_size": len(body),
+                "sent_at": sent,
+                "arrived_at": arrived,
+            }
+        )
+    return out
+
+
+def queues(state: BrokerState) -> dict[str, dict[str, Any]]:
+    """Per queue: depth, locked groups, enabled, and the poison count."""
+    out = {}
+    for name, q in state.catalog.queues.items():
+        idx = state.queue_index(name)
+        out[name] = {
+            "depth": idx.depth,
+            "locked_groups": sum(1 for lk in state.locks.by_id.values() if lk.queue == name),
+            "enabled": q.enabled,
+            "retention": q.retention,
+            "poison_limit": q.poison_limit,
+            "rollbacks_in_a_row": state.poison.count(name),
+        }
+    return out
+
+
+def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[dict[str, Any]]:
+    """Conversation groups: queue, waiting messages, lock, and the group's state."""
+    out = []
+    for g in state.groups.values():
+        if queue is not None and g.queue != queue:
+            continue
+        lock = state.locks.by_group.get(g.no)
+        out.append(
+            {
+                "conversation_group_id": g.group_id,
+                "queue": g.queue,
+                "conversations": g.members,
+                "waiting": state.queue_index(g.queue).pending.get(g.no, 0),
+                "locked_by": lock.lock_id if lock else None,
+                "state": store.group_state(g.no),
+            }
+        )
+    return out
+
+
+def transmission(state: BrokerState, store: Store, limit: int = 1000) -> list[dict[str, Any]]:
+    """sys.transmission_queue: messages waiting to leave this broker, and why."""
+    checks.page(0, limit)
+    out = []
+    for (
+        tid,
+        ep_no,
+        seq,
+        mt,
+        size,
+        to_service,
+        to_broker,
+        status,
+        at,
+        attempts,
+        next_at,
+    ) in store.transmission_rows(limit):
+        ep = state.endpoints.get(ep_no)
+        out.append(
+            {
+                "id": tid,
+                "conversation_handle": ep.handle if ep else None,
+                "to_service": to_service,
+                "to_broker": to_broker,
+                "message_type": mt,
+                "sequence_number": seq,
+                "body_size": size,
+                "transmission_status": status,
+                "attempts": attempts,
+                "next_attempt_at": next_at,
+                "enqueued_at": at,
+            }
+        )
+    return out
+
+
+def events(store: Store, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    checks.page(after_id, limit)
+    return [
+        {"id": i, "at": at, "kind": kind, "subject": subject, "detail": detail}
+        for i, at, kind, subject, detail in store.events(after_id, limit)
+    ]
+
+
+def audit(store: Store, after_id: int = 0, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+    """Delivery records after audit row `after_id` (at most `limit` commits), oldest first, and
+    the last audit row id read (0: none)."""
+    checks.page(after_id, limit)
+    out: list[dict[str, Any]] = []
+    last = 0
+    for aid, _at, payload in store.audit_rows(after_id, limit):
+        recs = audit_format.records(payload)
+        for r in recs:
+            r["audit_id"] = aid  # the commit's place in this broker's audit
+        out += recs
+        last = aid
+    return out, last

@@ -1,0 +1,128 @@
+"""The delivery audit's format: one record per committed message, encoded in one place (here, at
+commit) and decoded in one place (here, for views, cursors and the Spark bridge).
+
+A commit stores one row per transaction: a msgpack list with one columnar entry per committed
+conversation group. Decoded, every message becomes a record with the fields in `FIELDS`; the
+same records come out as columns (`columns`) ready for Arrow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from actors.packing import packb
+
+FIELDS = (
+    "message_id",  # "<conversation id>/<i|t>/<sequence>": the same on every broker it crosses
+    "conversation_id",
+    "from_initiator",
+    "sequence_number",
+    "message_type",
+    "from_service",
+    "to_service",
+    "from_broker",  # broker id of the sending side (None: not known yet)
+    "to_broker",  # broker id of the broker that committed it
+    "queue",
+    "sent_at",
+    "arrived_at",
+    "received_at",
+    "committed_at",
+    "status",  # "committed"
+    "hops",  # brokers crossed: 0 when sent on this broker, None when not recorded
+    "audit_id",  # the commit's row in the committing broker's audit (its commit order)
+)
+
+# Per endpoint, once per group: (conversation_id, from_initiator, from_service, to_service,
+# from_broker, hops).
+Sender = tuple[str, bool, str, str, "str | None", int]
+
+
+def message_id(conversation_id: str, from_initiator: bool, seq: int) -> str:
+    return f"{conversation_id}/{'i' if from_initiator else 't'}/{seq}"
+
+
+def encode_group(
+    broker_id: str,
+    queue: str,
+    received_at: float,
+    committed_at: float,
+    senders: Mapping[int, Sender],
+    rows: Sequence[Sequence[Any]],
+) -> list[Any]:
+    """One committed group, as columns. `rows` are receive rows: (queuing order, endpoint no,
+    seq, message type, body, sent_at, arrived_at); bodies are not kept."""
+    _ids, ep_nos, seqs, types, _bodies, sent, arrived = zip(*rows, strict=True)
+    return [
+        broker_id,
+        queue,
+        received_at,
+        committed_at,
+        dict(senders),
+        ep_nos,
+        seqs,
+        types,
+        sent,
+        arrived,
+    ]
+
+
+def pack(groups: Sequence[list[Any]]) -> bytes:
+    return packb(groups)
+
+
+def records(payload: bytes) -> list[dict[str, Any]]:
+    """The delivery records of one stored commit, in commit order."""
+    out = []
+    for group in msgpack.unpackb(payload, raw=False, strict_map_key=False):
+        broker, queue, received, committed, senders, ep_nos, seqs, types, sent, arrived = group
+        for i, no in enumerate(ep_nos):
+            conv, from_initiator, from_service, to_service, from_broker, hops = senders[no]
+            out.append(
+                {
+                    "message_id": message_id(conv, from_initiator, seqs[i]),
+                    "conversation_id": conv,
+                    "from_initiator": from_initiator,
+                    "sequence_number": seqs[i],
+                    "message_type": types[i],
+                    "from_service": from_service,
+                    "to_service": to_service,
+                    "from_broker": from_broker,
+                    "to_broker": broker,
+                    "queue": queue,
+                    "sent_at": sent[i],
+                    "arrived_at": arrived[i],
+                    "received_at": received,
+                    "committed_at": committed,
+                    "status": "committed",
+                    "hops": hops,
+                    # kept for readers of the first format
+                    "broker_id": broker,
+                }
+            )
+    return out
+
+
+def columns(recs: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Records as one list per field (the shape Arrow and pandas take)."""
+    out: dict[str, list[Any]] = {f: [] for f in FIELDS}
+    for r in recs:
+        for f in FIELDS:
+            out[f].append(r[f])
+    return out
+
+
+def read_all(
+    audit: Callable[..., Mapping[str, Any]], after_id: int = 0, page: int = 1000
+) -> tuple[list[dict[str, Any]], int]:
+    """Every record after `after_id`, paging through a handle's `audit` cursor; returns the
+    records and the id to continue from."""
+    out: list[dict[str, Any]] = []
+    while True:
+        got = audit(after_id=after_id, limit=page)
+        out += got["records"]
+        if got["next"] == after_id:
+            return out, after_id
+        after_id = got["next"]

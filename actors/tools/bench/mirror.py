@@ -1,0 +1,169 @@
+"""`raybroker bench mirror`: a mirrored broker beside the same broker unmirrored, in one run, and
+the failover time from a node's loss to the first write the new principal accepts.
+
+It starts its own Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`, in a
+temp dir; a head, a `zone_a` node and a `zone_b` node), so the mirror really is on another node
+(another raylet and object store; on one machine the network is loopback). The unmirrored broker
+and the principal run on `zone_a`, the mirror on `zone_b`. Throughput: N messages in batches over
+K dialogs, sent and received+committed concurrently (as `bench local`); p50/p99: each message's
+time from its send to the commit of its receive (the delivery audit). Every message is checked
+once and in order through the audit. Failover: node `zone_a` is removed, and a probe writes
+through a `MirroredBroker` handle until the new principal accepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+
+from actors import Begin, Queue, Send, Service, start_broker
+from actors.errors import InvalidArgument
+from actors.remote.client import Broker
+from actors.remote.mirrored import MirroredBroker, Partner, mirror_status, start_mirrored_broker
+from actors.store.audit import read_all
+from actors.tools.bench.local import receive_all, send_all
+from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
+
+GOAL_RATIO = 0.6  # mirrored throughput at least this share of unmirrored
+GOAL_FAILOVER_S = 5.0
+
+
+def run(load: Load = DEFAULT_LOAD, progress: Progress = print) -> Report:
+    report = Report("mirror", {**asdict(load), "body_bytes": 100})
+    if ray.is_initialized():
+        raise InvalidArgument(
+            "bench mirror starts its own three-node local cluster; run it in a process that has "
+            "not started or joined Ray"
+        )
+    with tempfile.TemporaryDirectory(prefix="raybroker-bench-mirror-") as tmp:
+        os.environ["RAY_TMPDIR"] = tmp  # this cluster's session files stay apart
+        os.environ.pop("RAY_ADDRESS", None)
+        quick = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+        progress("starting a 3-node local Ray cluster (head, zone_a, zone_b)")
+        cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": quick}
+        )
+        try:
+            node_a = cluster.add_node(num_cpus=1, resources={"zone_a": 1})
+            cluster.add_node(num_cpus=1, resources={"zone_b": 1})
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
+            _measure(report, load, tmp, cluster, node_a, progress)
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    return report
+
+
+def _measure(
+    report: Report, load: Load, tmp: str, cluster: Cluster, node_a: Any, progress: Progress
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    zone_a, zone_b = {"resources": {"zone_a": 0.01}}, {"resources": {"zone_b": 0.01}}
+    plain = start_broker(f"bench-plain-{tag}", os.path.join(tmp, "plain.sqlite"), **zone_a)
+    mm = start_mirrored_broker(
+        f"bench-mm-{tag}",
+        Partner(f"bench-mm-{tag}-a", os.path.join(tmp, "a.sqlite"), zone_a),
+        Partner(f"bench-mm-{tag}-b", os.path.join(tmp, "b.sqlite"), zone_b),
+    )
+    results = {}
+    for label, broker in (("unmirrored", plain), ("mirrored", mm)):
+        progress(f"{label}: {load.messages:,} messages, sent and received+committed")
+        results[label] = _stream(broker, load)
+    ratio = results["mirrored"]["rate"] / results["unmirrored"]["rate"]
+    for label in ("unmirrored", "mirrored"):
+        r = results[label]
+        notes = "" if label == "unmirrored" else (
+            f"{ratio:.2f}x unmirrored (goal >= {GOAL_RATIO}x); mirror on another node, every "
+            "transaction on it before the caller is answered"
+        )  # fmt: skip
+        report.rows.append(
+            Row(
+                "raybroker",
+                f"{label}: send, receive+commit",
+                r["rate"],
+                r["p50"],
+                r["p99"],
+                notes=notes,
+                lost=r["lost"],
+                doubled=r["doubled"],
+                out_of_order=r["out_of_order"],
+            )  # fmt: skip
+        )
+    status = mirror_status(mm.mirrored)
+    progress("failover: the principal's node is removed; a probe writes until accepted")
+    failover_s = _failover(mm, cluster, node_a)
+    report.rows.append(
+        Row(
+            "raybroker",
+            "failover: node loss -> first write accepted by the new principal",
+            0.0,
+            notes=f"{failover_s:.2f} s (goal < {GOAL_FAILOVER_S} s); mirror lag before: "
+            f"{status['principal_state'].get('lag_transactions')} transactions",
+        )  # fmt: skip
+    )
+    report.params |= {"ratio": round(ratio, 3), "failover_s": round(failover_s, 2)}
+
+
+def _define(b: Broker) -> list[str]:
+    b.create(Queue("InitiatorQueue"))
+    b.create(Queue("TargetQueue"))
+    b.create(Service("Initiator", "InitiatorQueue"))
+    b.create(Service("Target", "TargetQueue", ["DEFAULT"]))
+    return b.apply([Begin("Initiator", "Target") for _ in range(1)])["handles"]
+
+
+def _stream(b: Broker, load: Load) -> dict[str, Any]:
+    _define(b)
+    handles = b.apply([Begin("Initiator", "Target") for _ in range(load.dialogs)])["handles"]
+    _, after = read_all(b.audit)
+    body = os.urandom(100)
+
+    async def both() -> None:
+        await asyncio.gather(
+            send_all(b, handles, load.messages, load.batch, body, inflight=4),
+            receive_all(b, load.messages, max_groups=16, readers=1),
+        )
+
+    t0 = time.perf_counter()
+    asyncio.run(both())
+    rate = load.messages / (time.perf_counter() - t0)
+    records, _ = read_all(b.audit, after)
+    lat = sorted((r["committed_at"] - r["sent_at"]) * 1000 for r in records)
+    keys = Counter((r["conversation_id"], r["sequence_number"]) for r in records)
+    last: dict[str, int] = {}
+    disorder = 0
+    for r in records:
+        cid, seq = r["conversation_id"], r["sequence_number"]
+        disorder += seq < last.get(cid, -1)
+        last[cid] = max(seq, last.get(cid, -1))
+    return {
+        "rate": rate,
+        "p50": percentile(lat, 0.5),
+        "p99": percentile(lat, 0.99),
+        "lost": load.messages - len(keys),
+        "doubled": sum(c - 1 for c in keys.values()),
+        "out_of_order": disorder,
+    }
+
+
+def _failover(mm: MirroredBroker, cluster: Cluster, node_a: Any) -> float:
+    before = mm.name
+    t0 = time.monotonic()
+    cluster.remove_node(node_a, allow_graceful=False)
+    while True:
+        op = Begin("Initiator", "Target")
+        mm.apply([op, Send(op.handle, "DEFAULT", b"probe")])
+        if mm.name != before:  # accepted by the new principal, not the dying old one
+            return time.monotonic() - t0
+        time.sleep(0.02)

@@ -1,0 +1,101 @@
+"""The benchmark report: one shape for every scenario (DESIGN.md §10a), as JSON and as a table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from actors.model import checks
+
+
+@dataclass
+class Row:
+    system: str
+    variant: str
+    messages_per_s: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cpu_s_per_1k: float | None = None
+    notes: str = ""
+    # whether every message arrived once and in order (None: not checked in this row)
+    lost: int | None = None
+    doubled: int | None = None
+    out_of_order: int | None = None
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a scenario sends: `messages` over `dialogs`, `batch` messages per call. Messages
+    round down to whole batches (at least one)."""
+
+    messages: int = 200_000
+    dialogs: int = 100
+    batch: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("messages", "dialogs", "batch"):
+            checks.whole(name, getattr(self, name), least=1)
+        whole_batches = max(self.batch, self.messages // self.batch * self.batch)
+        object.__setattr__(self, "messages", whole_batches)
+
+
+DEFAULT_LOAD = Load()
+
+
+@dataclass
+class Report:
+    scenario: str
+    params: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "params": self.params,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.as_dict(), f, indent=2)
+
+    def table(self) -> str:
+        head = ("system", "variant", "msg/s", "p50 ms", "p99 ms", "cpu s/1k", "notes")
+        lines = [head]
+        for r in self.rows:
+            lines.append(
+                (
+                    r.system,
+                    r.variant,
+                    f"{r.messages_per_s:,.0f}",
+                    _num(r.p50_ms),
+                    _num(r.p99_ms),
+                    _num(r.cpu_s_per_1k, 4),
+                    r.notes,
+                )
+            )
+        widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+        out = [
+            f"scenario {self.scenario}: " + ", ".join(f"{k}={v}" for k, v in self.params.items())
+        ]
+        for n, line in enumerate(lines):
+            out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
+            if n == 0:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+
+def _num(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[i]
