@@ -1,5 +1,6 @@
 """Settings for the whole suite."""
 
+import os
 from typing import Any
 
 import pytest
@@ -9,36 +10,80 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("raybroker", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("raybroker")
 
+# Ray's agents sample every worker's process every 5 s by default, for the dashboard's node view:
+# a few percent of a core for each cluster the suite runs, and nothing here reads it
+os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
+
 INTEGRATION = "tests/integration/"  # node ids start with the path from the root
 # integration tests that start a Ray cluster of their own, in a subprocess or a namespace (a
-# command run as a user runs it, a cluster of several nodes): they run in the unit tests' worker,
-# beside the tests on the session's Ray
+# command run as a user runs it, a cluster of several nodes), longest first
 OWN_CLUSTER = (
-    "tests/integration/test_ray_up.py::",
-    "tests/integration/test_multinode.py::",
     "tests/integration/test_verify.py::",
     "tests/integration/test_cli.py::test_the_demo_routes",
-    "tests/integration/test_cli.py::test_bench_ddr_measures",
-    "tests/integration/test_mirror.py::test_bench_mirror_writes",
-    "tests/integration/test_mirror.py::test_a_mirrored_broker_loses_its_principals_node",
+    "tests/integration/test_ray_up.py::",
     "tests/integration/test_bench_peers.py::test_every_system_runs_every_workload",
+    "tests/integration/test_mirror.py::test_a_mirrored_broker_loses_its_principals_node",
+    "tests/integration/test_multinode.py::",
+    "tests/integration/test_mirror.py::test_bench_mirror_writes",
 )
 
 
+# The integration tests on a session's Ray, in two groups of about equal length: each runs in a
+# worker with a Ray (and, for the first, the one Spark session) of its own, its tests together
+# and in order. Most of their time goes to waiting on Ray, so the two overlap well on 2 cores;
+# one group's worker is then free for the tests that start clusters of their own, the other's for
+# the unit tests.
+FIRST_GROUP = tuple(
+    f"{INTEGRATION}{name}::"
+    for name in (
+        "test_spark_bridge.py",  # with the tests that use the Spark session
+        "test_ddr.py",
+        "test_mirror.py",
+        "test_activation.py",
+        "test_topology_deploy.py",
+        "test_topology_scenarios.py",
+        "test_topology_priority.py",
+    )
+)
+
+
+def run_order(nodeid: str) -> float:
+    """The order work goes out in: the two groups on a session's Ray first, then the tests with
+    clusters of their own (the longest single tests), then the unit tests."""
+    for i, prefix in enumerate(OWN_CLUSTER):
+        if nodeid.startswith(prefix):
+            return 2 + i / len(OWN_CLUSTER)
+    if nodeid.startswith(FIRST_GROUP):
+        return 0
+    if nodeid.startswith(INTEGRATION):
+        return 1
+    return 3
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: run_order(item.nodeid))  # stable: a file keeps its order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # the scopes go out in the order above
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With pytest-xdist (`-n 2`, the default in pyproject.toml): the integration tests on the
-    session's Ray stay together in one worker, in order, sharing its one Ray cluster and Spark
-    session; the Ray-free unit tests (a file at a time) and the tests that start a cluster of
-    their own run in the other worker, while the first waits on Ray (the machine is about a
-    third idle then)."""
+    """With pytest-xdist (`-n 2`, the default in pyproject.toml): each group of integration
+    tests on a session's Ray is one unit of work, given to a worker whole; each test that starts
+    a cluster of its own is a unit of its own, and the Ray-free unit tests go a file at a time,
+    each to whichever worker is free first."""
     from xdist.scheduler import LoadScopeScheduling
 
     class OneRayWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(OWN_CLUSTER):
-                return "own-cluster"
+                return nodeid
+            if nodeid.startswith(FIRST_GROUP):
+                return "session-ray-1"
             if nodeid.startswith(INTEGRATION):
-                return INTEGRATION
+                return "session-ray-2"
             return nodeid.split("::")[0]
 
     return OneRayWorker(config, log)

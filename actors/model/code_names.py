@@ -13,6 +13,10 @@ from typing import Any
 
 from actors.errors import InvalidDefinition
 
+# modules of the package's own handlers that moved between releases: a queue or router defined by
+# an earlier release (in its store, or in a topology file) still resolves
+MOVED_MODULES = {"actors.handlers": "actors.activation.handlers"}
+
 
 def handler_path(fn: Any) -> str:
     """The "module:function" path of a module-level function; refused for anything else."""
@@ -36,6 +40,7 @@ def resolve_handler(path: str) -> Any:
     if not isinstance(path, str) or path.count(":") != 1:
         raise InvalidDefinition(f"handler {path!r} must be 'module:function'")
     module_name, attr = path.split(":")
+    module_name = MOVED_MODULES.get(module_name, module_name)
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):

@@ -60,7 +60,7 @@ def assert_skipped(row: dict) -> None:
 @pytest.mark.slow
 def test_every_system_runs_every_workload_once_in_order(tmp_path):
     # the command as a user runs it, with its own embedded Ray: a process of its own, so it can
-    # run in the second pytest worker (tests/conftest.py), beside the tests on the session's Ray
+    # run in any pytest worker (tests/conftest.py), beside the tests on a session's Ray
     before = harness_servers()
     path = tmp_path / "peers.json"
     args = ["-m", "actors.tools.cli", "bench", "peers", "--messages", "2000", "--json", str(path)]

@@ -51,7 +51,7 @@ def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_l
     assert r["apart"] and r["witness_on_head"] and r["first_principal"] == "mm-a", r
     # the principal's node removed mid-stream: the mirror took over, in bounded time (how fast
     # is measured by `raybroker bench mirror`, alone on the machine, not asserted here: beside
-    # the other pytest worker this run's figure is the machine's load as much as the broker's)
+    # the other pytest workers this run's figure is the machine's load as much as the broker's)
     assert r["principal_after_kill"] == "mm-b" and r["epoch_after_kill"] == 2, r
     assert r["failover_s"] < 30, r
     # the stream finished on the new principal: every message once, in order, per dialog

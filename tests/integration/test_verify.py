@@ -3,7 +3,7 @@ schedule with nothing lost, doubled or out of order; and the checker catching a 
 and an inversion injected on purpose, each named by id and conversation.
 
 verify starts a Ray cluster of its own, so it runs in a subprocess, as the command a user runs
-(both tests run in the pytest worker beside the tests on the session's Ray)."""
+(each runs in any pytest worker, beside the tests on a session's Ray)."""
 
 from __future__ import annotations
 

@@ -654,6 +654,13 @@ def test_an_activation_given_a_module_level_function_keeps_its_import_path():
     )
 
 
+def test_a_handler_named_by_its_module_before_the_move_still_resolves():
+    # a queue an earlier release stored names the sample handlers' old module
+    assert resolve_handler("actors.handlers:count_in_order") is count_in_order
+    with pytest.raises(InvalidDefinition, match="does not import"):
+        resolve_handler("actors.handlers:no_such_handler")
+
+
 def test_an_activation_has_the_documented_defaults():
     act = Activation(COUNT)
 
