@@ -17,6 +17,7 @@ checks every body of that type. The bounds, all documented in docs/concepts.md:
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn, Protocol
@@ -94,6 +95,13 @@ def compile_schema(name: str, schema: Any, strict: bool = True) -> Any:
     def refuse(why: str) -> InvalidDefinition:
         return InvalidDefinition(f"message type {name!r} has an invalid JSON schema: {why}")
 
+    if strict and not (isinstance(schema, bool) or plain_json_object(schema)):
+        # bytes, sets, tuples, NaN, keys that are not strings ...: stored, sent and checked as
+        # JSON, a schema must be JSON data, whatever its validator would make of the rest
+        raise refuse(
+            f"it is not JSON data ({shown(schema)}); use only objects with string keys, "
+            "arrays, strings, finite numbers, true, false and null"
+        )
     cls = jsonschema.validators.validator_for(schema)
     if not strict:
         return cls(schema)
@@ -312,9 +320,30 @@ class BodyValidator:
         raise ValidationFailed(f"body of message type {self.name!r} {why}")
 
 
-def plain_json_object(value: Any) -> bool:
-    """Whether `value` is a dict that JSON carries unchanged (str keys, plain values)."""
-    try:
-        return isinstance(value, dict) and json.loads(json.dumps(value, allow_nan=False)) == value
-    except (TypeError, ValueError, RecursionError):
+def json_data(value: Any) -> bool:
+    """Whether `value` is JSON data: None, bools, strings, finite numbers, lists and dicts with
+    string keys, nested at most `MAX_DEFINITION_DEPTH` levels."""
+    if too_deep(value, MAX_DEFINITION_DEPTH):
         return False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item is None or isinstance(item, bool | str | int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                return False
+            stack.extend(item.values())
+        else:
+            return False
+    return True
+
+
+def plain_json_object(value: Any) -> bool:
+    """Whether `value` is a dict that JSON carries (string keys, plain values)."""
+    return isinstance(value, dict) and json_data(value)

@@ -89,6 +89,8 @@ def test_definitions_are_created_listed_altered_and_dropped_on_a_running_broker(
     [
         (MessageType("Bad", "yaml"), InvalidDefinition),
         (MessageType("Schema", "json_schema", schema={"type": 12}), InvalidDefinition),
+        (MessageType("Bytes", "json_schema", schema={"default": b"x"}), InvalidDefinition),
+        (MessageType("Set", "json_schema", schema={"enum": {1, 2}}), InvalidDefinition),
         (MessageType("EndDialog"), InvalidDefinition),
         (MessageType("has space"), InvalidDefinition),
         (Service("S", "NoSuchQueue"), UnknownQueue),

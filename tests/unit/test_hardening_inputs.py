@@ -159,6 +159,26 @@ def test_a_schema_whose_ref_cannot_be_resolved_is_refused_at_create(core, snapsh
     )
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "default": b"bytes"},
+        {"type": "integer", "enum": {1, 2}},
+        {"type": "string", "pattern": b"^a"},
+        {"type": "object", "properties": {1: {"type": "string"}}},
+        {"type": "number", "const": float("nan")},
+        {"type": "number", "maximum": float("inf")},
+        {"type": "object", "default": object()},
+        {"type": "object", "required": ("n",)},
+    ],
+    ids=["bytes", "set", "bytes-pattern", "int-key", "nan", "infinity", "object", "tuple"],
+)
+def test_a_schema_that_is_not_json_data_is_refused_at_create(core, snapshot, schema):
+    refused_schema(
+        core, snapshot, schema, match="'Refused' has an invalid JSON schema: it is not JSON"
+    )
+
+
 def test_a_schema_whose_refs_resolve_within_it_is_accepted_and_checks_bodies(core, open_dialog):
     schema = {
         "$defs": {"n": {"type": "integer"}},
