@@ -18,6 +18,7 @@ from typing import Any
 
 from actors.errors import MirrorBehind
 from actors.mirroring.capture import SET_SEQ, Entry, stored_seq
+from actors.store.file import write_new
 
 CHUNK_BYTES = 8 << 20  # a snapshot travels in pieces of this size
 
@@ -63,10 +64,7 @@ def install(path: str, data: bytes) -> None:
     """Replace the (closed) store file at `path` with `data`. The old -wal and -shm go first: a
     stale WAL left beside the new file would be replayed onto it."""
     tmp = f"{path}.rebuild"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    write_new(tmp, data)
     for stale in (f"{path}-wal", f"{path}-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(stale)

@@ -23,6 +23,7 @@ import ray
 from actors.errors import BrokerError, MirrorMismatch, StoreError
 from actors.mirroring import roles
 from actors.mirroring.roles import Roles
+from actors.store.file import write_new
 
 PING_S = 0.3  # how long the witness waits for the principal before taking it for lost
 
@@ -62,10 +63,7 @@ class WitnessActor:
         hand out epochs again."""
         tmp = f"{self.path}.tmp"
         try:
-            with open(tmp, "w") as f:
-                json.dump(self.roles.as_dict(), f)
-                f.flush()
-                os.fsync(f.fileno())
+            write_new(tmp, json.dumps(self.roles.as_dict()).encode())
             os.replace(tmp, self.path)
         except OSError as exc:
             raise StoreError(

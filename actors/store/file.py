@@ -188,8 +188,16 @@ def lock(path: str, holder: str) -> int:
     """Take the store's lock; the open descriptor, which holds it. `StoreInUse` if taken."""
     lock_path = os.path.realpath(path) + ".lock"
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_NOFOLLOW: a link planted where the lock goes would have the broker write elsewhere
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
+        if os.path.islink(lock_path):
+            raise StoreError(
+                path,
+                "open",
+                f"its lock file {lock_path!r} is a symbolic link; the lock is the broker's own "
+                "file: remove the link",
+            ) from None
         raise StoreError(
             path, "open", f"cannot create its lock file {lock_path!r}: {exc.strerror}"
         ) from None
@@ -221,3 +229,17 @@ def _holder(fd: int) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return who if isinstance(who, dict) else {}
+
+
+def write_new(path: str, data: bytes) -> None:
+    """Write `data` to a new file at `path` and sync it, following no symbolic link: whatever
+    stands at `path` (a file a crash left, or a link planted there) is removed first and the file
+    is created exclusively, so the bytes land nowhere else. For the files a broker writes beside
+    its own and then renames over them (a witness's record, a mirror's rebuilt store)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o644), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -5,18 +5,22 @@ nothing and the broker carries on once the fault clears. Real files, real faults
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from actors import LocalBroker
 from actors.calls.envelope import Begin, Send, Timer
 from actors.errors import StoreError, StoreInUse
+from actors.mirroring import replay
 from actors.model.catalog import Queue
+from actors.remote.witness import WitnessActor
 from actors.store.database import Store
 
 
@@ -65,6 +69,44 @@ def test_the_lock_follows_a_symlink_to_the_same_file(tmp_path, path):
     with pytest.raises(StoreInUse):
         Store(str(link))
     first.close()
+
+
+# --- files beside the store follow no symbolic link -----------------------------------------
+
+
+def planted_link(at: Path, tmp_path: Path) -> Path:
+    """A symbolic link at `at` to a file of someone else's; that file, to check it is untouched."""
+    victim = tmp_path / "someone-elses-file"
+    victim.write_bytes(b"keep")
+    at.symlink_to(victim)
+    return victim
+
+
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path, path):
+    victim = planted_link(Path(path + ".lock"), tmp_path)
+    with pytest.raises(StoreError, match="is a symbolic link"):
+        Store(path)
+    assert victim.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("writer", ["rebuild", "witness"])
+def test_a_file_written_beside_a_store_replaces_a_planted_link_and_never_writes_through_it(
+    tmp_path, writer
+):
+    """A mirror's rebuilt store (`{path}.rebuild`) and a witness's record (`{path}.tmp`) are
+    written to a new file, then renamed: a link planted at the temporary name is replaced."""
+    target = tmp_path / "store.sqlite"
+    if writer == "rebuild":
+        victim = planted_link(tmp_path / "store.sqlite.rebuild", tmp_path)
+        replay.install(str(target), b"the rebuilt store")
+        assert target.read_bytes() == b"the rebuilt store"
+    else:
+        victim = planted_link(tmp_path / "store.sqlite.tmp", tmp_path)
+        witness = WitnessActor("mb", "mb-a", "mb-b", str(target), "ns")  # plain Python here
+        assert witness.start_error is None
+        assert json.loads(target.read_text())["principal"] == "mb-a"
+        assert not (tmp_path / "store.sqlite.tmp").exists()
+    assert victim.read_bytes() == b"keep"
 
 
 def test_memory_stores_take_no_lock():
