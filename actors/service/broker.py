@@ -41,7 +41,7 @@ from actors.errors import (
 )
 from actors.model import checks
 from actors.model.catalog import Queue, check_name, from_record
-from actors.service.calls import BatchVerbs
+from actors.service.calls import BatchVerbs, metric_label
 from actors.service.group_commit import GroupCommit
 from actors.service.holders import Holder, LockHolders
 from actors.service.metrics import SAMPLE_EVERY_S, MetricsSink
@@ -262,7 +262,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         try:
             return await getattr(self, method)(*args)
         finally:
-            self.metrics.observe_call(method, time.perf_counter() - started)
+            self.metrics.observe_call(metric_label(method), time.perf_counter() - started)
 
     async def info(self) -> dict[str, Any]:
         return {

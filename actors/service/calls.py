@@ -40,6 +40,12 @@ CLIENT_VERBS = frozenset(
 BATCH_VERBS = frozenset({"apply", "settle", "receive"})
 
 
+def metric_label(method: object) -> str:
+    """The `method` label a call is counted under: a client verb's name, else "other". Labels
+    must be a bounded set; a caller's text would mint a new time series per name it sends."""
+    return method if type(method) is str and method in CLIENT_VERBS else "other"
+
+
 class BatchVerbs:
     """The entry points; the service supplies the rest (`verb`, `_start_*`, `_wait`, `core`)."""
 
@@ -105,7 +111,7 @@ class BatchVerbs:
                 out.append((False, exc))
         if self.metrics is not None:  # one observation per verb the batch carried
             elapsed = time.perf_counter() - started
-            verbs = {str(e[0]) for e in batch if isinstance(e, list | tuple) and e}
+            verbs = {metric_label(e[0]) for e in batch if isinstance(e, list | tuple) and e}
             for method in verbs:
                 self.metrics.observe_call(method, elapsed)
         return out

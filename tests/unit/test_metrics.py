@@ -4,7 +4,12 @@ collecting sink; no Ray."""
 
 from __future__ import annotations
 
+import asyncio
+
 from actors import Begin, LocalBroker, Queue, Send, Service
+from actors.calls.ordering import Issuer
+from actors.service.broker import BrokerService
+from actors.service.calls import CLIENT_VERBS
 from tests.polling import wait_until
 
 
@@ -54,3 +59,23 @@ def test_the_sink_sees_counts_depths_and_call_times():
     methods = [m for m, _ in sink.calls]
     assert {"apply", "receive", "settle"} <= set(methods)
     assert all(s >= 0 for _, s in sink.calls)
+
+
+def test_a_batch_of_unknown_methods_is_counted_under_one_label_not_one_each(tmp_path):
+    """A client cannot mint metric labels: every method name it sends that is not a verb is
+    counted as "other", so the label set stays the verbs' names and one more."""
+    sink = Collected()
+
+    async def main() -> list:
+        service = BrokerService("labels", str(tmp_path / "b.sqlite"), metrics=sink)
+        try:
+            issuer = Issuer()
+            batch = [(f"no-such-verb-{i}", ()) for i in range(50)] + [("receive", ("Q",))]
+            return await service.calls(issuer.order(issuer.issue()), batch)
+        finally:
+            await service.close()
+
+    outcomes = asyncio.run(main())
+    assert [ok for ok, _ in outcomes[:50]] == [False] * 50  # each refused, with its own error
+    labels = {m for m, _ in sink.calls}
+    assert "other" in labels and labels <= CLIENT_VERBS | {"other"}
