@@ -19,7 +19,6 @@ INTEGRATION = "tests/integration/"  # node ids start with the path from the root
 # command run as a user runs it, a cluster of several nodes), longest first
 OWN_CLUSTER = (
     "tests/integration/test_verify.py::",
-    "tests/integration/test_cli.py::test_the_demo_routes",
     "tests/integration/test_ray_up.py::",
     "tests/integration/test_bench_peers.py::test_every_system_runs_every_workload",
     "tests/integration/test_mirror.py::test_a_mirrored_broker_loses_its_principals_node",
@@ -37,6 +36,7 @@ FIRST_GROUP = tuple(
     f"{INTEGRATION}{name}::"
     for name in (
         "test_spark_bridge.py",  # with the tests that use the Spark session
+        "test_demo.py",
         "test_ddr.py",
         "test_mirror.py",
         "test_activation.py",

@@ -1,37 +1,15 @@
-"""The command line's main jobs. The demo runs as a user runs it, in a process of its own with its
-own embedded Ray (so in any pytest worker: tests/conftest.py); the others in-process on the
-session's Ray."""
+"""The command line's bench jobs and its errors, in-process on the session's Ray (the demo:
+test_demo.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from actors.tools.cli import main
 
-from .conftest import in_own_process
 from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these keys
-
-
-@pytest.mark.slow
-def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order():
-    done = in_own_process(["-m", "actors.tools.cli", "demo", "--orders", "200"], timeout=600)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-
-    out = done.stdout
-    summary = dict(
-        re.split(r"\s{2,}", line.strip(), maxsplit=1)
-        for line in out.split("sales by region: summary", 1)[1].splitlines()
-        if line.strip()
-    )
-    assert (summary["lost"], summary["doubled"], summary["out of order"]) == ("0", "0", "0")
-    assert summary["replies back at the shop"] == "600"
-    # order n goes to region n % 3: 67 orders each to EU and US, 66 to APAC, 3 lines each
-    regions = [summary[f"lines at Sales{r}"] for r in ("EU", "US", "APAC")]
-    assert regions == ["201", "201", "198"]
-    assert summary["result"] == "every line once, in order, both ways"
 
 
 @pytest.mark.slow

@@ -12,7 +12,15 @@ import pytest
 from actors import Activation, Contract, LocalBroker, MessageType, Queue, Service
 from actors.calls.envelope import Begin, Send
 from actors.errors import InvalidArgument
-from actors.tools.verify.checker import Reply, Sent, check, first_reply_at, inject, recovered_at
+from actors.tools.verify.checker import (
+    Reply,
+    Sent,
+    check,
+    first_reply_at,
+    inject,
+    recovered_at,
+    self_test,
+)
 from actors.tools.verify.history import History
 from actors.tools.verify.malformed import EXPECTED, Malformed
 from actors.tools.verify.report import build, failures, handlers_seen, table
@@ -113,6 +121,45 @@ def test_injection_refuses_unknown_kinds_and_too_small_histories():
         inject(sent, replies, ["steal"], 1)
     with pytest.raises(InvalidArgument, match="needs 2 stream"):
         inject(sent, replies, ["lose", "double"], 1)
+
+
+def test_the_self_test_names_exactly_what_it_put_into_a_copy_of_the_history():
+    sent, replies = history({f"p/{i}": 6 for i in range(5)})
+    t = self_test(sent, replies, seed=3)
+    assert t["caught"] is True and sorted(d["kind"] for d in t["injected"]) == [
+        "double",
+        "invert",
+        "lose",
+    ]
+    assert t["found"] == {d["kind"]: [d["id"]] for d in t["injected"]}
+    assert check(sent, replies).ok  # the history itself is untouched
+
+
+def test_the_self_test_looks_past_what_the_run_itself_got_wrong():
+    sent, replies = history({f"p/{i}": 6 for i in range(5)})
+    lossy = [r for r in replies if r.id != "p/0:2"]  # the run lost one message
+    t = self_test(sent, lossy, seed=3)
+    assert t["caught"] is True and "p/0:2" not in t["found"]["lose"]
+
+
+def test_a_checker_that_misses_what_was_put_into_its_input_fails_the_run():
+    sent, replies = history({"a/0": 3})
+    blind = {"injected": [{"kind": "lose", "id": "a/0:1", "stream": "a/0"}], "caught": False}
+    r = build(planned=3, verdict=check(sent, replies), faults=[], extra={"errors": [],
+              "checker_self_test": blind})  # fmt: skip
+    assert not r["passed"] and r["failures"] == [
+        "the checker missed a loss, double or inversion put into its input on purpose"
+    ]
+    assert "MISSED lose put into its input" in "\n".join(table(r))
+
+
+def test_a_history_too_small_to_touch_skips_the_self_test_and_says_why():
+    sent, replies = history({"p/0": 3})
+    t = self_test(sent, replies, seed=1)
+    assert t["caught"] is None and "needs 3 stream" in t["skipped"]
+    r = build(planned=3, verdict=check(sent, replies), faults=[],
+              extra={"errors": [], "checker_self_test": t})  # fmt: skip
+    assert r["passed"] and "skipped: inject: needs 3 stream" in "\n".join(table(r))
 
 
 def test_recovery_is_when_every_affected_stream_answered_a_message_sent_after_the_fault():

@@ -70,7 +70,6 @@ def test_every_target_says_which_paths_it_touches():
         ({"timeout": 0}, "--timeout"),
         ({"dialogs": 1}, "--dialogs"),
         ({"faults": "everything"}, "--faults"),
-        ({"inject": ("lose", "steal")}, "--inject"),
     ],
 )
 def test_options_are_checked_before_anything_starts(change, message):
@@ -83,7 +82,7 @@ def test_options_round_trip_through_the_command_line():
 
     from actors.tools.verify.command import add_arguments, options
 
-    o = Options(2000, 5, "node_removed", "/tmp/r.json", 120.0, False, 4, ("lose",))
+    o = Options(2000, 5, "node_removed", "/tmp/r.json", 120.0, False, 4)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert options(parser.parse_args(o.argv())) == o

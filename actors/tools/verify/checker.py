@@ -155,6 +155,28 @@ def inject(
     return final, done
 
 
+def self_test(sent: Sequence[Sent], replies: Sequence[Reply], seed: int) -> dict[str, Any]:
+    """The checker run once more on this run's own history made wrong on purpose (one reply
+    dropped, one repeated, two of one stream swapped, each on a stream of its own): `caught`
+    says whether it named exactly those, beyond what it found in the history as it was. A
+    checker that could not fail would pass every run; this shows, on every run, that it can."""
+    try:
+        changed, done = inject(sent, replies, INJECTIONS, seed)
+    except InvalidArgument as exc:  # too few streams with two replies to touch
+        return {"injected": [], "caught": None, "skipped": str(exc)}
+    before, after = check(sent, replies), check(sent, changed)
+    found = {
+        kind: sorted({x["id"] for x in new} - {x["id"] for x in old})
+        for kind, old, new in (
+            ("lose", before.lost, after.lost),
+            ("double", before.doubled, after.doubled),
+            ("invert", before.out_of_order, after.out_of_order),
+        )
+    }
+    wanted = {d["kind"]: [d["id"]] for d in done}
+    return {"injected": done, "found": found, "caught": found == wanted}
+
+
 def first_reply_at(flow: Iterable[tuple[int, float]], mark: int) -> float | None:
     """When the first reply to a message at or after position `mark` was confirmed, from a
     stream's (position, confirmed at) pairs; None if there is none yet."""

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from actors.errors import InvalidArgument
-from actors.tools.verify.checker import INJECTIONS
 from actors.tools.verify.schedule import KINDS, parse_kinds
-
-INJECT_ENV = "RAYBROKER_VERIFY_INJECT"
 
 
 @dataclass
@@ -23,7 +19,6 @@ class Options:
     timeout: float = 600.0
     spark: bool = True
     dialogs: int = 8  # per path
-    inject: tuple[str, ...] = field(default_factory=tuple)  # for testing the checker only
 
     def check(self) -> Options:
         if not isinstance(self.messages, int) or self.messages < 100:
@@ -35,9 +30,6 @@ class Options:
         if not isinstance(self.dialogs, int) or not 2 <= self.dialogs <= 64:
             raise InvalidArgument(f"--dialogs must be between 2 and 64, not {self.dialogs!r}")
         parse_kinds(self.faults)
-        unknown = [k for k in self.inject if k not in INJECTIONS]
-        if unknown:
-            raise InvalidArgument(f"--inject: unknown kind(s) {unknown}; choose from {INJECTIONS}")
         return self
 
     def argv(self) -> list[str]:
@@ -52,8 +44,6 @@ class Options:
             out += ["--json", self.json]
         if not self.spark:
             out.append("--no-spark")
-        if self.inject:
-            out += ["--inject", ",".join(self.inject)]
         return out
 
 
@@ -74,12 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--no-spark", dest="spark", action="store_false", help="skip the Spark ingest")
     p.add_argument("--dialogs", type=int, default=8, help="dialogs per path (default 8)")
-    # For testing the checker: make its input wrong (lose, double, invert); verify must say so.
-    p.add_argument("--inject", default=None, help=argparse.SUPPRESS)
 
 
 def options(args: Any) -> Options:
-    inject = args.inject if args.inject is not None else os.environ.get(INJECT_ENV, "")
     return Options(
         messages=args.messages,
         seed=args.seed,
@@ -88,5 +75,4 @@ def options(args: Any) -> Options:
         timeout=args.timeout,
         spark=args.spark,
         dialogs=args.dialogs,
-        inject=tuple(k.strip() for k in inject.split(",") if k.strip()),
     ).check()

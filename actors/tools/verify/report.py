@@ -72,6 +72,8 @@ def failures(r: Mapping[str, Any]) -> list[str]:
         out.append("messages still waited somewhere at the end (not settled)")
     if r.get("dialog_errors"):
         out.append(f"{len(r['dialog_errors'])} Error/EndDialog message(s) came back")
+    if (r.get("checker_self_test") or {}).get("caught") is False:
+        out.append("the checker missed a loss, double or inversion put into its input on purpose")
     out += [f"error: {e}" for e in r.get("errors", ())]
     if r.get("timed_out"):
         out.append("timed out")
@@ -94,6 +96,7 @@ def table(r: Mapping[str, Any]) -> list[str]:
         ("lost", f"{r['lost']}"),
         ("doubled", f"{r['doubled']}"),
         ("out of order", f"{r['out_of_order']}"),
+        ("checker self-test", self_test_line(r.get("checker_self_test"))),
         ("elapsed", f"{r.get('elapsed_s', 0):.1f}s"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -103,6 +106,15 @@ def table(r: Mapping[str, Any]) -> list[str]:
     )
     lines.append(f"  {'result'.ljust(width)}  {verdict}")
     return lines
+
+
+def self_test_line(t: Mapping[str, Any] | None) -> str:
+    if not t:
+        return "not run"
+    if t["caught"] is None:
+        return f"skipped: {t['skipped']}"
+    kinds = ", ".join(d["kind"] for d in t["injected"])
+    return f"{'caught' if t['caught'] else 'MISSED'} {kinds} put into its input"
 
 
 def show(r: Mapping[str, Any], progress: Callable[[str], None]) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from actors.tools.verify.checker import check, inject
+from actors.tools.verify.checker import check, self_test
 from actors.tools.verify.command import Options
 from actors.tools.verify.history import History
 from actors.tools.verify.malformed import Malformed
@@ -330,17 +330,12 @@ class Run:
             "replies_rolled_back": collector.rolled_back,
             "dialog_errors": self.history.others[:20],
             "spark": ingest.result if ingest is not None else None,
-            "injected": [],
         }
 
     def _judge(self, extra: dict[str, Any]) -> dict[str, Any]:
-        replies = self.history.replies
-        if self.options.inject:
-            replies, extra["injected"] = inject(
-                self.history.sent, replies, self.options.inject, self.seed
-            )
-            self.progress(f"injected into the checker's input: {extra['injected']}")
-        verdict = check(self.history.sent, replies)
+        sent, replies = self.history.sent, self.history.replies
+        verdict = check(sent, replies)
+        extra["checker_self_test"] = self_test(sent, replies, self.seed)
         if self.options.spark and not (extra.get("spark") or {}).get("sent"):
             extra["errors"].append(f"the Spark ingest did not send its rows: {extra.get('spark')}")
         return build(

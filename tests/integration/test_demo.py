@@ -1,0 +1,30 @@
+"""The demo, `raybroker demo`, through the command line's entry point: on the session's Ray and
+with its Spark session, which the demo uses as it uses any Spark on Ray already running in its
+process (a fresh Ray and Spark of its own are what the verify and bench peers commands start)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from actors.tools.cli import main
+
+
+@pytest.mark.slow
+def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(spark, capsys):
+    assert main(["demo", "--orders", "200"]) == 0
+    out = capsys.readouterr().out
+    summary = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in out.split("sales by region: summary", 1)[1].splitlines()
+        if line.strip()
+    )
+    assert (summary["lost"], summary["doubled"], summary["out of order"]) == ("0", "0", "0")
+    assert summary["replies back at the shop"] == "600"
+    # order n goes to region n % 3: 67 orders each to EU and US, 66 to APAC, 3 lines each
+    regions = [summary[f"lines at Sales{r}"] for r in ("EU", "US", "APAC")]
+    assert regions == ["201", "201", "198"]
+    assert summary["result"] == "every line once, in order, both ways"
+    # the Spark session was the running one, and it is still running after the demo
+    assert spark.range(3).count() == 3
