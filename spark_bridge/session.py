@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -92,6 +94,7 @@ def spark_session(
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    ctrl_c = signal.getsignal(signal.SIGINT)
     try:
         session = raydp.init_spark(
             app_name,
@@ -111,3 +114,12 @@ def spark_session(
         yield session
     finally:
         raydp.stop_spark()
+        restore_ctrl_c(ctrl_c)
+
+
+def restore_ctrl_c(handler: Any = signal.default_int_handler) -> None:
+    """PySpark's context takes Ctrl-C (SIGINT) to cancel its jobs and leaves its handler behind
+    when it stops: a Ctrl-C after that fails inside the handler (AttributeError) instead of
+    interrupting. Give SIGINT back its handler from before Spark started."""
+    if threading.current_thread() is threading.main_thread() and handler is not None:
+        signal.signal(signal.SIGINT, handler)

@@ -1,6 +1,7 @@
 """Settings for the whole suite."""
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -62,6 +63,21 @@ def run_order(nodeid: str) -> float:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: run_order(item.nodeid))  # stable: a file keeps its order
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A worker's Spark and Ray stop after its last test on a session's Ray (what comes after
+    starts clusters of its own or needs none): left running, they would take CPU from the rest
+    of the suite for minutes."""
+    if run_order(item.nodeid) < 2 and (nextitem is None or run_order(nextitem.nodeid) >= 2):
+        if "raydp" in sys.modules:
+            from spark_bridge.session import restore_ctrl_c
+
+            sys.modules["raydp"].stop_spark()
+            restore_ctrl_c()
+        if "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -45,7 +45,17 @@ def _bench(args: argparse.Namespace) -> int:
     except InvalidArgument as exc:
         print(f"raybroker bench: {exc}", file=sys.stderr)
         return 2
-    report = scenarios[args.scenario](load, progress=lambda s: print(f"... {s}", flush=True))
+    from actors.tools.bench.repeat import repeated
+
+    progress = lambda s: print(f"... {s}", flush=True)  # noqa: E731
+    try:
+        if args.scenario in ("peers", "mirror"):  # each repeats inside what it starts once
+            report = scenarios[args.scenario](load, progress=progress, repeats=args.repeats)
+        else:
+            report = repeated(scenarios[args.scenario], load, args.repeats, progress)
+    except InvalidArgument as exc:
+        print(f"raybroker bench: {exc}", file=sys.stderr)
+        return 2
     print(report.table())
     if args.json:
         report.write_json(args.json)
@@ -80,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     bench.add_argument("--messages", type=int, help="how many messages")
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
+    bench.add_argument(
+        "--repeats", type=int, default=3, help="measured runs after a warm-up (default 3)"
+    )
     bench.set_defaults(fn=_bench)
     from actors.tools.verify.command import add_arguments as verify_arguments  # argparse only
 

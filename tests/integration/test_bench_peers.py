@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from actors.tools.bench.peers import servers
-from actors.tools.bench.peers.run import SYSTEMS, run
+from actors.tools.bench.peers.run import CLASSES, SYSTEMS, run
 from actors.tools.bench.report import Load
 
 from .conftest import in_own_process
@@ -30,8 +30,14 @@ FIELDS = {
     "lost",
     "doubled",
     "out_of_order",
+    "durability",
+    "runs",
 }
-SERVER_OF = {"redis-streams": "redis-server", "rabbitmq": "rabbitmq-server"}
+SERVER_OF = {
+    "redis-streams": "redis-server",
+    "rabbitmq-classic": "rabbitmq-server",
+    "rabbitmq-quorum": "rabbitmq-server",
+}
 
 
 def harness_servers() -> set[int]:
@@ -63,20 +69,20 @@ def test_every_system_runs_every_workload_once_in_order(tmp_path):
     # run in any pytest worker (tests/conftest.py), beside the tests on a session's Ray
     before = harness_servers()
     path = tmp_path / "peers.json"
-    args = ["-m", "actors.tools.cli", "bench", "peers", "--messages", "2000", "--json", str(path)]
-    done = in_own_process(args, timeout=600)
+    args = ["-m", "actors.tools.cli", "bench", "peers", "--messages", "2000", "--repeats", "1"]
+    done = in_own_process([*args, "--json", str(path)], timeout=600)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     report = json.loads(path.read_text())
-    assert report["scenario"] == "peers"
+    assert report["scenario"] == "peers" and report["params"]["repeats"] == 1
     assert report["params"]["workloads"] == {
         "bulk-one-conversation": 2000,
         "bulk-spread": 2000,
         "many-clients": 200,
         "paced": 500,
     }
-    rows = {(r["system"], r["variant"]): r for r in report["rows"]}
-    assert set(rows) == {(s, v) for s in SYSTEMS for v in VARIANTS}
-    for (system, variant), row in rows.items():
+    rows = {(r["system"], r["durability"], r["variant"]): r for r in report["rows"]}
+    assert set(rows) == {(s, d, v) for s in SYSTEMS for d in CLASSES[s] for v in VARIANTS}
+    for (system, _, variant), row in rows.items():
         assert set(row) == FIELDS
         if system in SERVER_OF and row["notes"].startswith("skipped"):
             assert os.environ.get("CI") != "1", f"{SERVER_OF[system]} missing on CI: {row}"
@@ -84,25 +90,46 @@ def test_every_system_runs_every_workload_once_in_order(tmp_path):
             assert_skipped(row)
             continue
         where = f"{system} {variant}: {row['notes']}"
-        assert row["messages_per_s"] > 0, where
+        assert row["messages_per_s"] > 0 and row["runs"] == [row["messages_per_s"]], where
         assert 0 <= row["p50_ms"] <= row["p99_ms"], where
-        assert row["cpu_s_per_1k"] >= 0, where  # whole clock ticks: a short row may read 0
+        assert row["cpu_s_per_1k"] > 0, where  # the harness's processes at least
         assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), where
-    assert "not durable" in rows[("ray-queue", "bulk-spread")]["notes"]
-    measured = [s for s in SYSTEMS if s != "raybroker" and rows[(s, "paced")]["p50_ms"]]
-    for peer in measured:  # raybroker's rows compare with every peer measured beside it
-        assert f"x {peer}" in rows[("raybroker", "paced")]["notes"]
+    assert "not durable" in rows[("ray-queue", "none", "bulk-spread")]["notes"]
+    # each system as its server and client report themselves
+    systems = report["params"]["systems"]
+    assert systems["raybroker default"]["durability"] == "normal"
+    assert systems["raybroker power-safe"]["durability"] == "full"
+    assert systems["raw-sqlite default"]["synchronous"] == 1  # NORMAL
+    assert systems["raw-sqlite power-safe"]["synchronous"] == 2  # FULL
+    if "redis-streams default" in systems:
+        assert systems["redis-streams default"]["appendfsync"] == "everysec"
+        assert systems["redis-streams power-safe"]["appendfsync"] == "always"
+        for durability in CLASSES["redis-streams"]:
+            client = systems[f"redis-streams {durability}"]
+            assert client["hiredis_in_use"] is True and client["hiredis"], client
+            assert client["redis-py"] and client["redis_version"], client
+    for kind in ("classic", "quorum"):
+        if f"rabbitmq-{kind} power-safe" in systems:
+            server = systems[f"rabbitmq-{kind} power-safe"]
+            assert server["queue_type"] == kind and server["aio-pika"], server
+    # raybroker's rows compare with the peers of their own durability class only
+    default, safe = (rows[("raybroker", d, "paced")]["notes"] for d in ("default", "power-safe"))
+    assert "x raw-sqlite" in default and "x raw-sqlite" in safe
+    assert "ray-queue" not in default and "rabbitmq" not in default
+    if "rabbitmq-classic power-safe" in systems:
+        assert "x rabbitmq-classic" in safe and "x rabbitmq-quorum" in safe
     out = done.stdout
-    assert "raybroker: bulk-spread: 2,000 messages" in out and "msg/s" in out  # progress, table
+    assert "raybroker (default): bulk-spread: warm-up" in out and "msg/s" in out
     assert harness_servers() <= before  # the servers it started are stopped
 
 
 def test_a_server_not_found_is_a_skipped_row_with_its_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv(servers.PATH_ENV, str(tmp_path))  # an empty directory: nothing found
     progress: list[str] = []
-    report = run(Load(messages=1000), progress.append, systems=["redis-streams", "rabbitmq"])
-    assert [(r.system, r.variant) for r in report.rows] == [
-        (s, v) for v in VARIANTS for s in ("redis-streams", "rabbitmq")
+    chosen = ["redis-streams", "rabbitmq-classic"]
+    report = run(Load(messages=1000), progress.append, systems=chosen, repeats=1)
+    assert [(r.system, r.durability, r.variant) for r in report.rows] == [
+        (s, d, v) for v in VARIANTS for s in chosen for d in CLASSES[s]
     ]
     for row in report.rows:
         assert_skipped(row.__dict__)
@@ -110,10 +137,10 @@ def test_a_server_not_found_is_a_skipped_row_with_its_install_command(tmp_path, 
     assert notes["redis-streams"] == (
         "skipped: redis-server not found; install: apt-get install redis-server"
     )
-    assert notes["rabbitmq"] == (
+    assert notes["rabbitmq-classic"] == (
         "skipped: rabbitmq-server not found; install: apt-get install rabbitmq-server"
     )
-    assert any("redis-streams: skipped" in line for line in progress)
+    assert any("redis-streams (default): skipped" in line for line in progress)
 
 
 def test_a_server_hidden_from_the_search_path_is_skipped_beside_one_found(tmp_path, monkeypatch):
@@ -126,10 +153,11 @@ def test_a_server_hidden_from_the_search_path_is_skipped_beside_one_found(tmp_pa
     shown.mkdir()
     (shown / "redis-server").symlink_to(real)  # redis-server visible, rabbitmq-server hidden
     monkeypatch.setenv(servers.PATH_ENV, str(shown))
-    report = run(Load(messages=1000), lambda _: None, systems=["redis-streams", "rabbitmq"])
-    rows = {(r.system, r.variant): r for r in report.rows}
+    chosen = ["redis-streams", "rabbitmq-classic"]
+    report = run(Load(messages=1000), lambda _: None, systems=chosen, repeats=1)
+    rows = {(r.system, r.durability, r.variant): r for r in report.rows}
     for variant in VARIANTS:
-        assert_skipped(rows[("rabbitmq", variant)].__dict__)
-        redis_row = rows[("redis-streams", variant)]
+        assert_skipped(rows[("rabbitmq-classic", "power-safe", variant)].__dict__)
+        redis_row = rows[("redis-streams", "power-safe", variant)]
         assert redis_row.messages_per_s > 0, redis_row.notes
         assert (redis_row.lost, redis_row.doubled, redis_row.out_of_order) == (0, 0, 0)

@@ -15,7 +15,7 @@ from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these 
 @pytest.mark.slow
 def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert main(["bench", "local", "--quick", "--json", str(path)]) == 0
+    assert main(["bench", "local", "--quick", "--repeats", "1", "--json", str(path)]) == 0
     report = json.loads(path.read_text())
     assert report["scenario"] == "local" and report["params"]["messages"] > 0
     systems = {(r["system"], r["variant"]) for r in report["rows"]}
@@ -33,7 +33,7 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path, capsys):
     path = tmp_path / "ddr.json"
-    assert main(["bench", "ddr", "--quick", "--json", str(path)]) == 0
+    assert main(["bench", "ddr", "--quick", "--repeats", "1", "--json", str(path)]) == 0
     assert "x direct" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert report["scenario"] == "ddr"
@@ -57,3 +57,6 @@ def test_an_unknown_bench_scenario_is_a_clear_error(capsys):
 def test_a_bad_message_count_for_a_bench_is_a_clear_error(capsys):
     assert main(["bench", "local", "--messages", "-5"]) == 2
     assert "messages" in capsys.readouterr().err
+    for scenario in ("local", "peers", "mirror"):  # refused before anything starts
+        assert main(["bench", scenario, "--repeats", "0"]) == 2
+        assert "--repeats must be a whole number of 1 or more, not 0" in capsys.readouterr().err

@@ -211,8 +211,8 @@ def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_
 def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp_path):
     # its own three-node cluster, so in a process of its own (this one has the session's Ray)
     path = tmp_path / "mirror.json"
-    args = ["-m", "actors.tools.cli", "bench", "mirror", "--quick", "--json", str(path)]
-    run = in_own_process(args, timeout=400)
+    args = ["-m", "actors.tools.cli", "bench", "mirror", "--quick", "--repeats", "3"]
+    run = in_own_process([*args, "--json", str(path)], timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(path.read_text())
     assert report["scenario"] == "mirror"
@@ -220,6 +220,10 @@ def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp
     assert variants[:2] == ["unmirrored: send, receive+commit", "mirrored: send, receive+commit"]
     for row in report["rows"][:2]:
         assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), row
+        # three measured runs after a warm-up, the row their median
+        assert len(row["runs"]) == 3 and row["messages_per_s"] == sorted(row["runs"])[1], row
+        assert "median of 3 runs" in row["notes"], row
+    assert report["params"]["repeats"] == 3 and "warm-up" in run.stdout
     assert report["params"]["ratio"] > 0 and 0 < report["params"]["failover_s"] < 30
 
 

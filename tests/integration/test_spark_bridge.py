@@ -484,7 +484,7 @@ def test_bench_ingest_measures_the_ingest_beside_the_driver_loop_and_checks_deli
 
     path = tmp_path / "ingest.json"
 
-    assert main(["bench", "ingest", "--quick", "--json", str(path)]) == 0
+    assert main(["bench", "ingest", "--quick", "--repeats", "1", "--json", str(path)]) == 0
 
     report = json.loads(path.read_text())
     rows = {(r["system"], r["variant"]): r for r in report["rows"]}

@@ -1,20 +1,22 @@
-"""The peers bench's workloads (sizes, batch shapes, bodies) and its driver, run on the raw
-SQLite peer (a real SQLite file, no Ray, no servers), with faults injected into what a consumer
-acknowledges to show they reach the row's counts."""
+"""The peers bench's workloads (sizes, batch shapes, bodies) and its driver, which runs the
+producer and consumers in processes of their own: here on the raw SQLite peer (a real SQLite file,
+no Ray, no servers), with faults injected into what a consumer acknowledges to show they reach
+the row's counts."""
 
 from __future__ import annotations
 
-import asyncio
+import sqlite3
 from collections import Counter
 
 import pytest
 
 from actors.tools.bench.peers import driver
 from actors.tools.bench.peers.checker import check
-from actors.tools.bench.peers.raw_sqlite import RawSqlite
+from actors.tools.bench.peers.raw_sqlite import RawSqlite, RawSqliteClient
 from actors.tools.bench.peers.workloads import (
     BODY_BYTES,
     CLIENTS,
+    PROCESSES,
     Workload,
     batches,
     decode,
@@ -71,14 +73,13 @@ def test_many_clients_send_one_message_per_call_on_their_own_conversation():
     assert w.per_call == 1 and w.consumers == CLIENTS
 
 
-class Faulty(RawSqlite):
-    """The raw SQLite peer whose consumer mis-acknowledges: `fault` rewrites the first
-    non-empty list of messages it confirms."""
+class FaultyClient(RawSqliteClient):
+    """The raw SQLite client whose consumer mis-acknowledges: its `fault` rewrites the first
+    list of two messages or more it confirms (run in the consumer's process)."""
 
-    def __init__(self, workdir: str, fault: str) -> None:
-        super().__init__(workdir)
-        self.fault = fault
-        self.done = False
+    def __init__(self, params: dict) -> None:
+        super().__init__(params)
+        self.fault, self.done = params["fault"], False
 
     def take(self, one: bool) -> list[driver.Received]:
         got = super().take(one)
@@ -93,42 +94,89 @@ class Faulty(RawSqlite):
         return got
 
 
-def measure(peer: RawSqlite, w: Workload) -> driver.Measurement:
-    async def go() -> driver.Measurement:
-        await peer.open(w)
-        try:
-            return await driver.drive(w, peer)
-        finally:
-            await peer.close()
+class Faulty(RawSqlite):
+    client = f"{__name__}:FaultyClient"
 
-    return asyncio.run(go())
+    def __init__(self, workdir: str, fault: str) -> None:
+        super().__init__(workdir)
+        self.fault = fault
+
+    def open(self, w: Workload) -> dict:
+        return {**super().open(w), "fault": self.fault}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with driver.Pool() as p:
+        yield p
+
+
+def measure(system: RawSqlite, w: Workload, pool: driver.Pool) -> driver.Measurement:
+    params = system.open(w)
+    try:
+        return driver.drive(w, system, params, pool)
+    finally:
+        system.close(w)
 
 
 @pytest.mark.parametrize("variant", ["bulk-one-conversation", "bulk-spread", "paced"])
-def test_the_driver_runs_a_workload_end_to_end_on_raw_sqlite(tmp_path, variant):
+def test_the_driver_runs_a_workload_in_processes_of_its_own_on_raw_sqlite(tmp_path, variant, pool):
     w = by_variant(Load(messages=3000))[variant]
-    m = measure(RawSqlite(str(tmp_path)), w)
+    m = measure(RawSqlite(str(tmp_path)), w, pool)
     assert len(m.acked) == w.messages and not m.stalled
     assert check(expected(w), m.acked).clean
     assert len(m.latencies_ms) == w.messages and min(m.latencies_ms) >= 0
-    assert m.elapsed_s > 0 and m.cpu_s >= 0
+    assert m.elapsed_s > 0 and m.cpu_s > 0  # the producer's and consumer's processes' CPU
     if w.rate:  # held to the rate: no faster than messages / rate
         assert m.elapsed_s >= (w.messages - w.batch) / w.rate
 
 
-def test_many_clients_run_concurrently_on_raw_sqlite(tmp_path):
+def test_many_clients_run_in_several_processes_and_their_logs_merge_in_order(tmp_path, pool):
     w = by_variant(Load(messages=2000))["many-clients"]
-    m = measure(RawSqlite(str(tmp_path)), w)
+    producers, consumers = driver.layout(w, CLIENTS)
+    assert len(producers) == len(consumers) == PROCESSES
+    assert sorted(c for share in producers for c in share) == list(range(CLIENTS))
+    assert sorted(c for share in consumers for c in share) == list(range(CLIENTS))
+    m = measure(RawSqlite(str(tmp_path), "power-safe"), w, pool)
     assert check(expected(w), m.acked).clean and len(m.acked) == 200
+
+
+def test_a_bulk_workload_runs_one_producer_and_a_process_per_consumer():
+    w = by_variant(Load(messages=2000))["bulk-spread"]
+    assert driver.layout(w, 4) == ([[-1]], [[0], [1], [2], [3]])
 
 
 @pytest.mark.parametrize(
     "fault, counts", [("lose", (1, 0, 0)), ("double", (0, 1, 0)), ("invert", (0, 0, 1))]
 )
 def test_a_consumer_that_loses_doubles_or_inverts_is_caught(tmp_path, monkeypatch, fault, counts):
-    monkeypatch.setattr(driver, "STALL_S", 0.5)  # the lost message never comes: stop waiting
+    monkeypatch.setattr(driver, "STALL_S", 1.0)  # the lost message never comes: stop waiting
     w = by_variant(Load(messages=2000))["bulk-one-conversation"]
-    m = measure(Faulty(str(tmp_path), fault), w)
+    with driver.Pool() as own:  # a run that stalls ends with its processes mid-task
+        m = measure(Faulty(str(tmp_path), fault), w, own)
     verdict = check(expected(w), m.acked)
     assert (verdict.lost, verdict.doubled, verdict.out_of_order) == counts
     assert m.stalled == (fault == "lose")
+
+
+@pytest.mark.parametrize("durability, level", [("default", 1), ("power-safe", 2)])
+def test_raw_sqlite_reports_the_synchronous_level_it_runs_at(tmp_path, durability, level):
+    settings = RawSqlite(str(tmp_path), durability).settings()
+    assert settings["synchronous"] == level and settings["journal_mode"] == "wal"
+    assert settings["sqlite"] == sqlite3.sqlite_version
+
+
+def test_a_run_of_three_repeats_reports_three_runs_and_their_median_per_row():
+    from actors.tools.bench.peers.run import run
+
+    progress: list[str] = []
+    report = run(Load(messages=1000), progress.append, systems=["raw-sqlite"], repeats=3)
+    assert report.params["repeats"] == 3
+    assert [(r.durability, r.variant) for r in report.rows] == [
+        (d, w.variant) for w in plan(Load(messages=1000)) for d in ("default", "power-safe")
+    ]
+    for row in report.rows:
+        assert len(row.runs) == 3 and row.messages_per_s == sorted(row.runs)[1], row
+        assert "median of 3 runs" in row.notes and (row.lost, row.doubled) == (0, 0)
+    assert sum("warm-up" in line for line in progress) == len(report.rows)
+    assert sum("run 3/3" in line for line in progress) == len(report.rows)

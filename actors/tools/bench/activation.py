@@ -25,7 +25,7 @@ from actors.store.database import Store
 from actors.tools.bench.local import raw_sqlite, receive_all
 from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
-REPEATS = 3  # throughput figures are the median of this many runs
+REPEATS = 1  # runs per figure within one run of the scenario (`--repeats` takes the median)
 DISCARD = "actors.activation.handlers:discard"
 STAMP = "actors.activation.handlers:stamp_first_call"
 

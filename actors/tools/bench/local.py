@@ -30,8 +30,6 @@ from actors.store.audit import read_all
 from actors.store.database import SCHEMA
 from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
-REPEATS = 3  # the end-to-end figure is the median run
-
 
 def run(
     load: Load = DEFAULT_LOAD,
@@ -50,24 +48,10 @@ def run(
         broker = start_broker(f"bench-local-{uuid.uuid4().hex[:8]}", os.path.join(tmp, "b.sqlite"))
         try:
             handles = _setup(broker, dialogs)
-            warm = max(batch, messages // 10 // batch * batch)
-            progress(f"raybroker: warm-up ({warm:,} messages)")
-            asyncio.run(
-                _pipelined(broker, handles, warm, batch, body, max_groups, readers, inflight)
+            progress(f"raybroker: {messages:,} messages, pipelined send and receive+commit")
+            e2e, p50, p99, cpu = asyncio.run(
+                _pipelined(broker, handles, messages, batch, body, max_groups, readers, inflight)
             )
-            progress(
-                f"raybroker: {messages:,} messages, pipelined send and receive+commit "
-                f"(median of {REPEATS} runs)"
-            )
-            runs = sorted(
-                asyncio.run(
-                    _pipelined(
-                        broker, handles, messages, batch, body, max_groups, readers, inflight
-                    )
-                )
-                for _ in range(REPEATS)
-            )
-            e2e, p50, p99, cpu = runs[len(runs) // 2]
             report.rows.append(
                 Row(
                     "raybroker",
@@ -76,7 +60,7 @@ def run(
                     p50,
                     p99,
                     cpu,
-                    f"median of {REPEATS} runs; latency = send to commit, under full load",
+                    "latency = send to commit, under full load",
                 )
             )
             progress("raybroker: send only, then receive+commit only")

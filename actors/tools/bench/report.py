@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from actors.model import checks
@@ -23,6 +23,9 @@ class Row:
     lost: int | None = None
     doubled: int | None = None
     out_of_order: int | None = None
+    # the durability class the row ran at ("none", "default", "power-safe"); None: not a peer row
+    durability: str | None = None
+    runs: list[float] | None = None  # messages/s of each measured run; the row is their median
 
 
 Progress = Callable[[str], None]
@@ -88,6 +91,35 @@ class Report:
             if n == 0:
                 out.append("  ".join("-" * w for w in widths))
         return "\n".join(out)
+
+
+def median_row(runs: list[Row]) -> Row:
+    """The median run of one (system, variant) as its row: that run's figures, every run's rate
+    in `runs`, and the notes saying so with the spread ((max - min) / median). A run that
+    failed (0 msg/s) counts as one, so a flaky system cannot hide behind its best run."""
+    if len(runs) == 1:
+        return replace(runs[0], runs=[runs[0].messages_per_s])
+    rates = [r.messages_per_s for r in runs]
+    median = sorted(runs, key=lambda r: r.messages_per_s)[(len(runs) - 1) // 2]
+    spread = (max(rates) - min(rates)) / median.messages_per_s if median.messages_per_s else 0.0
+    shown = ", ".join(f"{x:,.0f}" for x in rates)
+    note = f"median of {len(runs)} runs ({shown} msg/s; spread {spread:.0%})"
+    problems = [r.notes for r in runs if r is not median and "failed" in r.notes]
+    notes = "; ".join(x for x in (median.notes, note, *problems[:1]) if x)
+    return replace(median, notes=notes, runs=rates)
+
+
+def median_report(reports: list[Report]) -> Report:
+    """Reports of the same scenario, run one after another, as one: each row the median of its
+    runs (rows matched by system, variant and durability, in the first report's order)."""
+    first = reports[0]
+    key = lambda r: (r.system, r.variant, r.durability)  # noqa: E731
+    runs: dict[tuple, list[Row]] = {}
+    for report in reports:
+        for row in report.rows:
+            runs.setdefault(key(row), []).append(row)
+    params = {**first.params, "repeats": len(reports)}
+    return Report(first.scenario, params, [median_row(runs[key(r)]) for r in first.rows])
 
 
 def _num(v: float | None, digits: int = 2) -> str:

@@ -1,72 +1,105 @@
-"""Raw SQLite as the floor: what one store file does for the same workload, in-process, with no
-broker logic. WAL with synchronous=NORMAL (raybroker's default), one messages table indexed by
-conversation, a producer call is one insert transaction; the single consumer takes the waiting
-messages of up to GROUPS_PER_CALL conversations (or one message, for many-clients) and deletes them
-in one transaction. One thread, no locking between readers: the cheapest a store can be."""
+"""Raw SQLite as the floor: what one store file does for the same workload with no broker logic.
+WAL, one messages table indexed by conversation; the producer process inserts each call in one
+transaction, and one consumer process takes the waiting messages of up to GROUPS_PER_CALL
+conversations (or one message, for many-clients) and deletes them in one transaction, polling
+the file when nothing waits. Default durability `synchronous=NORMAL` (raybroker's default),
+power-safe `synchronous=FULL` (an fsync per commit)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sqlite3
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from actors.tools.bench.peers.driver import Received, Recorder
-from actors.tools.bench.peers.workloads import GROUPS_PER_CALL, Workload, decode
+from actors.tools.bench.peers.workloads import GROUPS_PER_CALL, INFLIGHT, Workload, decode
 
-WAIT_S = 0.2
-
+POLL_S = 0.002  # how often the consumer looks again when nothing waits
+BUSY_MS = 10_000
+SYNCHRONOUS = {"default": "NORMAL", "power-safe": "FULL"}
 SCHEMA = """
 CREATE TABLE messages (id INTEGER PRIMARY KEY, conv INTEGER NOT NULL, body BLOB NOT NULL);
 CREATE INDEX messages_by_conv ON messages (conv, id);
 """
 
 
+def connect(path: str, synchronous: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    return db
+
+
 class RawSqlite:
     name = "raw-sqlite"
-    detail = ""  # nothing to add to its notes
-    ordered = True  # calls run one at a time, in order
+    detail = ""
+    client = "actors.tools.bench.peers.raw_sqlite:RawSqliteClient"
 
-    def __init__(self, workdir: str) -> None:
-        self.workdir = workdir
-        self.db: sqlite3.Connection | None = None
-        self.w: Workload | None = None
-        self.waiting = asyncio.Event()
+    def __init__(self, workdir: str, durability: str = "default") -> None:
+        self.workdir, self.durability = workdir, durability
+        self.path = ""
+        self.runs = 0
 
     def consumers(self, w: Workload) -> int:
-        return 1
+        return 1  # one writer at a time: more consumers would only wait on the file's lock
 
     def pids(self) -> Sequence[int]:
         return []
 
-    async def open(self, w: Workload) -> None:
-        self.w = w
-        path = os.path.join(self.workdir, f"raw-{w.variant}.sqlite")
-        self.db = sqlite3.connect(path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+    def settings(self) -> dict[str, Any]:
+        db = connect(os.path.join(self.workdir, "probe.sqlite"), SYNCHRONOUS[self.durability])
+        try:
+            level = db.execute("PRAGMA synchronous").fetchone()[0]  # 1 NORMAL, 2 FULL
+            mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        finally:
+            db.close()
+        return {"synchronous": level, "journal_mode": mode, "sqlite": sqlite3.sqlite_version}
+
+    def open(self, w: Workload) -> dict[str, Any]:
+        self.runs += 1  # a file of its own: the last run's processes may still be closing theirs
+        self.path = os.path.join(self.workdir, f"raw-{w.variant}-{self.runs}.sqlite")
+        db = connect(self.path, SYNCHRONOUS[self.durability])
+        db.executescript(SCHEMA)
+        db.close()
+        return {"path": self.path, "synchronous": SYNCHRONOUS[self.durability],
+                "per_call": w.per_call}  # fmt: skip
+
+    def close(self, w: Workload) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class RawSqliteClient:
+    ordered = True  # one connection: its transactions run one at a time, in order
+    inflight = INFLIGHT
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.p = params
+        self.db: sqlite3.Connection | None = None
+
+    async def start(self) -> None:
+        self.db = connect(self.p["path"], self.p["synchronous"])
 
     async def send(self, bodies: list[tuple[int, bytes]]) -> None:
         assert self.db is not None
         self.db.execute("BEGIN IMMEDIATE")
         self.db.executemany("INSERT INTO messages (conv, body) VALUES (?, ?)", bodies)
         self.db.execute("COMMIT")
-        self.waiting.set()
 
     async def consume(self, index: int, rec: Recorder) -> None:
-        assert self.db is not None and self.w is not None
         while not rec.stopping:
-            got = self.take(one=self.w.per_call == 1)
+            issued = time.perf_counter()
+            got = self.take(one=self.p["per_call"] == 1)
             if got:
-                rec.confirmed(got)
-                await asyncio.sleep(0)  # let the producer run between transactions
-                continue
-            self.waiting.clear()
-            try:
-                await asyncio.wait_for(self.waiting.wait(), WAIT_S)
-            except TimeoutError:
-                continue
+                rec.confirmed(got, issued)
+            else:
+                await asyncio.sleep(POLL_S)
 
     def take(self, one: bool) -> list[Received]:
         """One transaction: the oldest message (`one`), or every waiting message of up to
@@ -91,8 +124,6 @@ class RawSqlite:
         db.execute("COMMIT")
         return out
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         if self.db is not None:
             self.db.close()
-        self.db = None
-        self.w = None

@@ -34,7 +34,7 @@ class Unavailable:
 
     @property
     def note(self) -> str:
-        return f"skipped: {self.reason}; install: {self.install}"
+        return f"skipped: {self.reason}" + (f"; install: {self.install}" if self.install else "")
 
 
 @dataclass
@@ -196,7 +196,10 @@ def _hand_to_rabbitmq_user(workdir: Path, base: Path) -> None:
         pwd.getpwnam("rabbitmq")
     except KeyError:
         return
-    os.chmod(workdir, 0o711)  # traverse only: the rest of the run's files stay private
+    # traverse only, up to the run's own temp dir: the rest of the run's files stay private
+    for d in (workdir, workdir.parent):
+        if d.name.startswith("raybroker-peers-") or d == workdir:
+            os.chmod(d, 0o711)
     for path in [base, *base.rglob("*")]:
         shutil.chown(path, "rabbitmq", "rabbitmq")
 

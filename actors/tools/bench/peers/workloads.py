@@ -22,7 +22,8 @@ CONSUMERS = 4  # R: parallel consumers of the bulk workloads
 CLIENTS = 100  # many-clients: concurrent producers, and as many consumers
 PACED_RATE = 10_000.0  # messages/s the paced producer is held to
 PACED_BATCH = 100  # paced: one message per conversation per call, a call every 10 ms
-INFLIGHT = 4  # producer calls in flight at once (bulk and paced)
+INFLIGHT = 4  # producer calls in flight at once (bulk and paced), where a system keeps order
+PROCESSES = 4  # many-clients: producer processes, and consumer processes, the clients over them
 GROUPS_PER_CALL = 32  # conversations one bulk consume takes at most (raybroker, raw-sqlite)
 
 Pair = tuple[int, int]  # (conversation, sequence number)

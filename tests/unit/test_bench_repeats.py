@@ -1,0 +1,79 @@
+"""Every bench scenario's rows are medians of several runs after a warm-up (no Ray: a scenario
+here is a function returning a report, as each scenario's `run` does)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.errors import InvalidArgument
+from actors.tools.bench.repeat import repeated
+from actors.tools.bench.report import Load, Report, Row, median_report, median_row
+
+
+def test_the_median_run_is_the_row_with_every_run_and_the_spread():
+    runs = [Row("s", "v", rate, p50_ms=rate / 1000, notes="n") for rate in (900.0, 1200.0, 1000.0)]
+    row = median_row(runs)
+    assert row.messages_per_s == 1000.0 and row.p50_ms == 1.0  # that run's own figures
+    assert row.runs == [900.0, 1200.0, 1000.0]
+    assert row.notes == "n; median of 3 runs (900, 1,200, 1,000 msg/s; spread 30%)"
+
+
+def test_a_failed_run_counts_and_its_reason_is_kept():
+    runs = [Row("s", "v", 0.0, notes="failed: TimeoutError"), Row("s", "v", 50.0),
+            Row("s", "v", 70.0)]  # fmt: skip
+    row = median_row(runs)
+    assert row.messages_per_s == 50.0 and "failed: TimeoutError" in row.notes
+    assert median_row([Row("s", "v", 0.0), Row("s", "v", 0.0), Row("s", "v", 0.0)]).runs == [0] * 3
+
+
+def test_reports_merge_row_by_row_in_the_first_reports_order():
+    def report(a: float, b: float) -> Report:
+        return Report("x", {"m": 1}, [Row("one", "v", a), Row("two", "v", b, durability="full")])
+
+    merged = median_report([report(1, 10), report(3, 30), report(2, 20)])
+    assert [(r.system, r.messages_per_s, r.runs) for r in merged.rows] == [
+        ("one", 2, [1, 3, 2]),
+        ("two", 20, [10, 30, 20]),
+    ]
+    assert merged.params == {"m": 1, "repeats": 3}
+
+
+def test_a_scenario_runs_a_warm_up_then_its_repeats_and_reports_their_median():
+    loads: list[int] = []
+    rates = iter([5.0, 100.0, 300.0, 200.0])  # the warm-up's figure is not among the runs
+
+    def scenario(load: Load, progress) -> Report:
+        loads.append(load.messages)
+        return Report("x", {}, [Row("s", "v", next(rates))])
+
+    progress: list[str] = []
+    report = repeated(scenario, Load(messages=20_000), 3, progress.append)
+    assert loads == [2_000, 20_000, 20_000, 20_000]
+    assert report.rows[0].messages_per_s == 200.0 and report.rows[0].runs == [100, 300, 200]
+    assert progress == ["warm-up run (2,000 messages)", "run 1 of 3", "run 2 of 3", "run 3 of 3"]
+
+
+def test_a_run_whose_driver_is_busy_is_flagged_in_its_rows():
+    def working(load: Load, progress) -> Report:
+        end = time.process_time() + 0.05
+        while time.process_time() < end:  # the driver itself works
+            pass
+        return Report("x", {}, [Row("s", "v", 1.0)])
+
+    def waiting(load: Load, progress) -> Report:
+        time.sleep(0.2)  # the driver waits on the system
+        return Report("x", {}, [Row("s", "v", 1.0)])
+
+    # the threshold lowered, so the check does not depend on how loaded this machine is
+    row = repeated(working, Load(messages=1000), 1, lambda s: None, busy=0.01).rows[0]
+    assert "driver process at" in row.notes and "of a core in run 1" in row.notes
+    row = repeated(waiting, Load(messages=1000), 1, lambda s: None, busy=0.5).rows[0]
+    assert "driver process" not in row.notes
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_repeats_must_be_a_whole_number_of_one_or_more(bad):
+    with pytest.raises(InvalidArgument, match="--repeats"):
+        repeated(lambda load, progress: Report("x", {}), Load(), bad, print)
