@@ -7,18 +7,19 @@ checks every body of that type. The bounds, all documented in docs/concepts.md:
   NaN or Infinity (they are not JSON);
 - a "json_schema" body is at most `MAX_SCHEMA_BODY_BYTES`: schema checks (regexes above all) cost
   more per byte than parsing;
-- a schema must have every `$ref` resolvable within itself (nothing is fetched), valid regexes,
-  and no regex that repeats a group that itself repeats or has overlapping alternatives
-  (`(a+)+`, `(a*)*`, `(a|a)*`): those backtrack exponentially on a short string;
+- a schema must have every `$ref` resolvable within itself (nothing is fetched), and its regexes
+  (`pattern`, `patternProperties`) run on RE2, whose time is linear in the text: no body can make
+  one backtrack. A regex RE2 cannot run (a backreference, a lookaround, an atomic group, a
+  possessive repeat) is refused at create;
 - any failure of the schema library while checking a body is `ValidationFailed`, never a raw
   exception.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn, Protocol
 
@@ -102,7 +103,7 @@ def compile_schema(name: str, schema: Any, strict: bool = True) -> Any:
             f"it is not JSON data ({shown(schema)}); use only objects with string keys, "
             "arrays, strings, finite numbers, true, false and null"
         )
-    cls = jsonschema.validators.validator_for(schema)
+    cls = _linear_keywords(jsonschema.validators.validator_for(schema))
     if not strict:
         return cls(schema)
     if too_deep(schema, MAX_DEFINITION_DEPTH):
@@ -117,7 +118,7 @@ def compile_schema(name: str, schema: Any, strict: bool = True) -> Any:
         for kind, text in _walk_schema(schema):
             if kind == "$ref":
                 continue  # resolved by the walk itself
-            why = regex_hazard(text)
+            why = regex_refusal(text)
             if why:
                 raise refuse(f"{kind} {shown(text)} {why}")
     except InvalidDefinition:
@@ -127,6 +128,9 @@ def compile_schema(name: str, schema: Any, strict: bool = True) -> Any:
             f"a $ref cannot be resolved within the schema ({exc}); define what it names "
             "under $defs (nothing is fetched from elsewhere)"
         ) from None
+    why = _regex_keywords_elsewhere(schema)
+    if why:
+        raise refuse(why)
     validator = cls(schema)
     # a schema that refers to itself without consuming input ({"$ref": "#"}) loops forever
     for sample in (None, 0, "", [], {}):
@@ -170,104 +174,82 @@ def _walk_schema(schema: Any) -> Iterator[tuple[str, str]]:
         todo.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
 
 
-_QUANT = re.compile(r"\*|\+|\?|\{(\d*)(?:(,)(\d*))?\}")
-_GROUP_OPENERS = ("(?P<", "(?<=", "(?<!", "(?:", "(?=", "(?!", "(?>", "(?#", "(?P=")
-
-
-def regex_hazard(pattern: str) -> str | None:
-    """Why a schema regex may not be used, or None. Refused: a regex Python cannot compile, and
-    (a simple conservative check, not a proof) a group repeated without bound, or 10 or more
-    times, that itself holds an unbounded repeat or alternatives one of which is a prefix of
-    another: (a+)+, (a*)*, (\\d+\\.?)*, (a|a)*, (a|ab)+. Atomic groups (?>...) and possessive
-    repeats (a++) do not backtrack, so they are allowed: they are the way to write these."""
+def regex_refusal(pattern: str) -> str | None:
+    """Why a schema regex may not be used, or None: RE2 cannot compile it."""
     try:
-        re.compile(pattern)
-    except (re.error, RecursionError, OverflowError) as exc:
-        return f"is not a valid regular expression ({exc})"
-    # frames: [unbounded repeat inside?, atomic?, branches (raw text of each alternative), start]
-    frames: list[list[Any]] = [[False, False, [""], 0]]
-    i, n = 0, len(pattern)
-    while i < n:
-        c, start = pattern[i], i
-        if c == "\\":
-            i += 2
-        elif c == "[":
-            i += 1
-            if i < n and pattern[i] == "^":
-                i += 1
-            if i < n and pattern[i] == "]":
-                i += 1
-            while i < n and pattern[i] != "]":
-                i += 2 if pattern[i] == "\\" else 1
-            i += 1
-        elif c == "(":
-            opener = next((o for o in _GROUP_OPENERS if pattern.startswith(o, i)), "(")
-            if opener in ("(?P<", "(?P="):
-                i = pattern.index(">", i) + 1 if opener == "(?P<" else pattern.index(")", i)
-            else:
-                i += len(opener)
-            frames.append([False, opener == "(?>", [""], start])
-            continue
-        elif c == "|":
-            frames[-1][2].append("")
-            i += 1
-            continue
-        elif c == ")":
-            inner_unbounded, atomic, branches, opened = frames.pop()
-            repeats, unbounded, i = _quantifier(pattern, i + 1)
-            if repeats and not atomic:
-                if inner_unbounded:
-                    return "repeats a group that itself repeats without bound: " + _HINT
-                if _overlapping(branches):
-                    return "repeats a group whose alternatives overlap: " + _HINT
-            # an atomic group gives nothing back, so what repeats inside it stays inside it
-            frames[-1][0] = frames[-1][0] or (inner_unbounded and not atomic) or unbounded
-            frames[-1][2][-1] += pattern[opened:i]  # the whole group, for comparing alternatives
-            continue
-        else:
-            i += 1
-        _, unbounded, i = _quantifier(pattern, i)
-        frames[-1][0] = frames[-1][0] or unbounded
-        frames[-1][2][-1] += pattern[start:i]
+        _re2(pattern)
+    except Exception as exc:  # re2.error, and TypeError for what is not a str
+        return (
+            f"cannot run in linear time ({exc}); schema regexes run on RE2, without "
+            "backreferences, lookarounds, atomic groups or possessive repeats"
+        )
     return None
 
 
-_HINT = (
-    "it can backtrack exponentially on a short string; write the group atomic (?>...) or the "
-    "inner repeat possessive (a++), or simplify it"
-)
+@functools.lru_cache(maxsize=1024)
+def _re2(pattern: str) -> Any:
+    import re2  # google-re2: linear-time matching, whatever the text
+
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
 
 
-def _quantifier(pattern: str, i: int) -> tuple[bool, bool, int]:
-    """At `i`: (repeats 10+ times or without bound, repeats without bound, index after it).
-    A possessive quantifier (a trailing +) never backtracks, so it counts as neither."""
-    m = _QUANT.match(pattern, i)
-    if m is None:
-        return False, False, i
-    end = m.end()
-    possessive = end < len(pattern) and pattern[end] == "+"
-    if end < len(pattern) and pattern[end] in "+?":
-        end += 1
-    token = m.group(0)
-    if token in ("*", "+"):
-        unbounded, most = True, None
-    elif token == "?":
-        unbounded, most = False, 1
-    else:
-        low, comma, high = m.group(1), m.group(2), m.group(3)
-        unbounded = bool(comma) and not high
-        most = None if unbounded else int(high if comma else low or 0)
-    if possessive:
-        return False, False, end
-    return unbounded or (most is not None and most >= 10), unbounded, end
+def _search(pattern: str, text: str) -> bool:
+    return _re2(pattern).search(text) is not None
 
 
-def _overlapping(branches: list[str]) -> bool:
-    """Whether one alternative's text is a prefix of another's ((a|a), (a|ab), (|a))."""
-    if len(branches) < 2:
-        return False
-    ordered = sorted(branches)
-    return any(b.startswith(a) for a, b in zip(ordered, ordered[1:], strict=False))
+def _linear_keywords(cls: Any) -> Any:
+    """`cls` with every keyword that runs a regex on a body running it on RE2 (jsonschema's own
+    run Python's backtracking `re`)."""
+    import jsonschema
+    from jsonschema.exceptions import ValidationError
+
+    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and not _search(patrn, instance):
+            yield ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    def pattern_properties(validator: Any, props: Any, instance: Any, schema: Any) -> Iterator:
+        if not validator.is_type(instance, "object"):
+            return
+        for patrn, subschema in props.items():
+            for key, value in instance.items():
+                if _search(patrn, key):
+                    yield from validator.descend(value, subschema, path=key, schema_path=patrn)
+
+    def additional_properties(validator: Any, ap: Any, instance: Any, schema: Any) -> Iterator:
+        if not validator.is_type(instance, "object"):
+            return
+        known, patterns = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+        extras = [
+            k for k in instance if k not in known and not any(_search(p, k) for p in patterns)
+        ]
+        if validator.is_type(ap, "object"):
+            for extra in extras:
+                yield from validator.descend(instance[extra], ap, path=extra)
+        elif not ap and extras:
+            shown_ = ", ".join(repr(k) for k in sorted(extras)[:20])
+            yield ValidationError(f"Additional properties are not allowed ({shown_} unexpected)")
+
+    return jsonschema.validators.extend(
+        cls,
+        {
+            "pattern": pattern,
+            "patternProperties": pattern_properties,
+            "additionalProperties": additional_properties,
+        },
+    )
+
+
+def _regex_keywords_elsewhere(schema: Any) -> str | None:
+    """A keyword that would run a schema regex through jsonschema's own code (Python's `re`)."""
+    texts = json.dumps(schema)
+    if '"unevaluatedProperties"' in texts and '"patternProperties"' in texts:
+        return (
+            "unevaluatedProperties beside patternProperties is not supported (it would match "
+            "keys with a backtracking regex engine); use additionalProperties"
+        )
+    return None
 
 
 # --- the validator -----------------------------------------------------------------------------
