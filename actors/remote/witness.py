@@ -23,7 +23,7 @@ import ray
 from actors.errors import BrokerError, MirrorMismatch, StoreError
 from actors.mirroring import roles
 from actors.mirroring.roles import Roles
-from actors.store.file import write_new
+from actors.store.file import sync_directory, write_new
 
 PING_S = 0.3  # how long the witness waits for the principal before taking it for lost
 
@@ -47,8 +47,9 @@ class WitnessActor:
     def _open(self, broker: str, principal: str, mirror: str, path: str) -> None:
         record = _load(path)
         if record is None:
-            self.roles = roles.first(broker, principal, mirror)
-            self._save()
+            first = roles.first(broker, principal, mirror)
+            self._save(first)
+            self.roles = first
         else:
             self.roles = Roles(**record)
             if {self.roles.principal, self.roles.mirror} != {principal, mirror}:
@@ -58,13 +59,16 @@ class WitnessActor:
                     f"{mirror!r}"
                 )
 
-    def _save(self) -> None:
-        """Write the record durably before anyone acts on it: a witness that forgot it would
-        hand out epochs again."""
+    def _save(self, record: Roles) -> None:
+        """Write `record` durably (the file and its rename synced) before the witness holds it
+        in memory or anyone acts on it: a change that is not on disk is not made, so a witness
+        restarted from its file never says less than it said before (an epoch handed out, a
+        mirror exposed)."""
         tmp = f"{self.path}.tmp"
         try:
-            write_new(tmp, json.dumps(self.roles.as_dict()).encode())
+            write_new(tmp, json.dumps(record.as_dict()).encode())
             os.replace(tmp, self.path)
+            sync_directory(os.path.dirname(os.path.abspath(self.path)))
         except OSError as exc:
             raise StoreError(
                 self.path,
@@ -85,8 +89,8 @@ class WitnessActor:
     def set_synchronized(self, partner: str, epoch: int, synchronized: bool) -> dict[str, Any]:
         changed = roles.set_synchronized(self.roles, partner, epoch, synchronized)
         if changed != self.roles:
+            self._save(changed)
             self.roles = changed
-            self._save()
             self._event("MirrorSynchronized" if synchronized else "MirrorExposed", partner)
         return self.roles.as_dict()
 
@@ -95,7 +99,7 @@ class WitnessActor:
     ) -> dict[str, Any]:
         """Make `candidate` principal (see `roles.promote`); raises NoFailover or StaleEpoch."""
         answers = False if manual else await self._principal_answers()
-        self.roles = roles.promote(
+        promoted = roles.promote(
             self.roles,
             candidate,
             epoch,
@@ -104,7 +108,8 @@ class WitnessActor:
             at=time.time(),
             reason=reason,
         )
-        self._save()
+        self._save(promoted)
+        self.roles = promoted
         self._event("Failover", f"{self.roles.mirror} -> {candidate}: {reason}")
         return self.roles.as_dict()
 

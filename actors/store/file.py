@@ -243,3 +243,12 @@ def write_new(path: str, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def sync_directory(path: str) -> None:
+    """Sync a directory, so that a file created or renamed in it survives a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

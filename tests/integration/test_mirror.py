@@ -31,6 +31,7 @@ from actors.remote.mirrored import (
     start_mirrored_broker,
     stop_mirrored_broker,
 )
+from actors.remote.witness import WitnessActor
 from actors.tools.cli import main
 from actors.tools.mirror import summary
 from tests.polling import wait_until
@@ -249,6 +250,36 @@ def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
     c = Partner("wit-c", str(tmp_path / "wit-c.sqlite"))
     with pytest.raises(MirrorMismatch, match="has partners 'wit-a' and 'wit-b'"):
         start_mirrored_broker("wit", a, c, force=True, witness_path=record)
+
+
+def test_a_witness_changes_its_record_only_once_the_change_is_on_disk(ray_session, tmp_path):
+    path = tmp_path / "w.json"
+    witness = ray.remote(WitnessActor).remote("wd", "wd-a", "wd-b", str(path), "raybroker")
+    ray.get(witness.set_synchronized.remote("wd-a", 1, True))
+    before = ray.get(witness.get.remote())
+    assert before["synchronized"] and json.loads(path.read_text()) == before
+    blocker = tmp_path / "w.json.tmp"  # where the next record is written first: now a directory
+    blocker.mkdir()
+    (blocker / "in-the-way").write_text("")
+    for _ in range(2):  # a retry fails too: it does not find the change already made in memory
+        with pytest.raises(StoreError, match="cannot write: Is a directory"):
+            ray.get(witness.set_synchronized.remote("wd-a", 1, False))
+        assert ray.get(witness.get.remote()) == before
+    with pytest.raises(StoreError, match="cannot write: Is a directory"):
+        ray.get(witness.promote.remote("wd-b", 1, True, "an operator's failover"))
+    assert ray.get(witness.get.remote()) == before  # no epoch handed out
+    assert json.loads(path.read_text()) == before
+    # a witness restarted from its file says what the running one said
+    ray.kill(witness)
+    again = ray.remote(WitnessActor).remote("wd", "wd-a", "wd-b", str(path), "raybroker")
+    assert ray.get(again.get.remote()) == before
+    # once the file can be written, each change is on disk when it is answered
+    (blocker / "in-the-way").unlink()
+    blocker.rmdir()
+    promoted = ray.get(again.promote.remote("wd-b", 1, True, "an operator's failover"))
+    assert promoted["principal"] == "wd-b" and promoted["epoch"] == 2
+    assert json.loads(path.read_text()) == promoted
+    ray.kill(again)
 
 
 def _gone(actor: str) -> bool:
