@@ -48,16 +48,38 @@ class LocalBroker(Verbs):
             target=self.loop.run_forever, name=f"raybroker-{name}", daemon=True
         )
         self._thread.start()
+        start: concurrent.futures.Future | None = None
         try:
-            self.service: BrokerService = self._run(_start(name, path, durability, limits, metrics))
+            start = asyncio.run_coroutine_threadsafe(
+                _start(name, path, durability, limits, metrics), self.loop
+            )
+            self.service: BrokerService = _result(start)
         except BaseException:
-            self._halt()
+            self._close_started(start)
             raise
         self.aio = AsyncLocalBroker(self)
 
+    def _close_started(self, start: concurrent.futures.Future | None) -> None:
+        """The start failed, or its caller left it (Ctrl-C): the start runs on to its end on the
+        broker's thread whatever the caller does, so wait for it and close what it opened (the
+        store and its lock); otherwise the store would stay locked by this process."""
+        service = None
+        while start is not None:
+            try:
+                service = start.result()
+            except KeyboardInterrupt:  # another Ctrl-C: the store must still be closed
+                continue
+            except BaseException:  # the start itself failed: it opened nothing to close
+                pass
+            break
+        if service is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(service.close(), self.loop).result()
+        self._halt()
+
     def _run(self, coro: Coroutine[Any, Any, Any], method: str = "", args: tuple = ()) -> Any:
         """Run `coro` on the broker's loop and wait for it here. A caller interrupted while it
-        waits (Ctrl-C) leaves the call (`_Call.leave`)."""
+        waits (Ctrl-C) leaves the call (`_Call.leave`); the broker's close runs to its end."""
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError(
@@ -69,9 +91,7 @@ class LocalBroker(Verbs):
         call = _Call(coro, method, args)
         future = asyncio.run_coroutine_threadsafe(call.run(), self.loop)
         try:
-            while not future.done():  # in slices: a Ctrl-C landing on another thread is seen
-                concurrent.futures.wait((future,), timeout=WAKE_S)
-            return future.result()
+            return _result(future)
         except BaseException:
             # a verb is left; the broker's own start and close run to their end
             if method and not _failed(future):
@@ -174,6 +194,13 @@ def _leave(
 ) -> None:
     with contextlib.suppress(RuntimeError):  # the loop has closed (stopped meanwhile): gone too
         loop.call_soon_threadsafe(call.leave, give_back)
+
+
+def _result(future: concurrent.futures.Future) -> Any:
+    """Wait for `future` in slices, so that a Ctrl-C landing on another thread is seen."""
+    while not future.done():
+        concurrent.futures.wait((future,), timeout=WAKE_S)
+    return future.result()
 
 
 def _failed(future: concurrent.futures.Future) -> bool:
