@@ -8,6 +8,8 @@ often it arrives (actors.service.replies)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from actors.calls.envelope import NOTHING_RECEIVED as NOTHING
 from actors.calls.envelope import pack_received, placed, taken_locks, unpack_ops
 from actors.calls.ordering import CallKey, Order, call_key
-from actors.errors import BrokerError, InvalidArgument
+from actors.errors import BrokerError, InvalidArgument, shown
 from actors.model import checks
 from actors.service.replies import Replies, takes_locks
 
@@ -36,8 +38,41 @@ CLIENT_VERBS = frozenset(
     }
 )  # fmt: skip
 
-# What a batch may hold: the verbs that never wait there.
-BATCH_VERBS = frozenset({"apply", "settle", "receive"})
+# What a batch may hold: the verbs that never wait there, with how many arguments each takes.
+BATCH_ARITY = {"apply": 2, "settle": 5, "receive": 6}
+BATCH_VERBS = frozenset(BATCH_ARITY)
+
+
+def refusal(method: object, exc: Exception) -> BrokerError:
+    """What a raw call's caller is told when its arguments broke the verb (a TypeError, a
+    ValueError, ...): a typed error naming the verb. Logged too: it could be the broker's own
+    fault, and then the log keeps its traceback."""
+    if isinstance(exc, BrokerError):
+        return exc
+    log.info("a call of %s failed on its arguments", metric_label(method), exc_info=exc)
+    return InvalidArgument(
+        f"{shown(method)} could not be done with the arguments given ({type(exc).__name__}: "
+        f"{shown(str(exc))}); send calls through a Broker handle"
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _signature(cls: type, method: str) -> inspect.Signature:
+    return inspect.signature(getattr(cls, method))
+
+
+def check_arity(method: str, fn: Any, args: tuple[Any, ...]) -> None:
+    """Refuse a call whose arguments do not fit the verb, before it runs."""
+    signature = _signature(type(fn.__self__), method)
+    try:
+        signature.bind(None, *args)  # (the class's function: `self` first)
+    except TypeError as exc:
+        names = list(signature.parameters)[1:]
+        takes = ", ".join(p for p in names if not p.startswith("_"))  # (_ray_trace_ctx: Ray's)
+        raise InvalidArgument(
+            f"{method} takes ({takes}), not {len(args)} argument(s): {exc}; send calls through "
+            "a Broker handle"
+        ) from None
 
 
 def metric_label(method: object) -> str:
@@ -64,12 +99,16 @@ class BatchVerbs:
             raise InvalidArgument(
                 f"{method!r} is not a broker verb; use one of {sorted(CLIENT_VERBS)}"
             )
+        check_arity(method, getattr(self, method), args)
         await self._order.turn(order)
         self.replies.passed(order[0], order[2])
-        args = placed(method, args, call_key(order, -1))
-        if takes_locks(method, args):  # run once, however often it arrives
-            return await self.replies.once(order, lambda: self.verb(method, *args))
-        return await self.verb(method, *args)
+        try:
+            args = placed(method, args, call_key(order, -1))
+            if takes_locks(method, args):  # run once, however often it arrives
+                return await self.replies.once(order, lambda: self.verb(method, *args))
+            return await self.verb(method, *args)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            raise refusal(method, exc) from None
 
     async def dispatch(self, order: Order, method: str, args: tuple[Any, ...]) -> Any:
         """A call that came over a direct channel (actors.client.channel): a batch (`calls`) or a
@@ -104,11 +143,12 @@ class BatchVerbs:
         # its place in the order, which a retry of the batch shares
         answers = [self._start_batched(e, call_key(order, i)) for i, e in enumerate(batch)]
         out: list[tuple[bool, Any]] = []
-        for answer in answers:
+        for entry, answer in zip(batch, answers, strict=True):
             try:
                 out.append((True, await answer))
             except Exception as exc:  # this caller's error; the batch's other calls go on
-                out.append((False, exc))
+                method = entry[0] if isinstance(entry, list | tuple) and entry else entry
+                out.append((False, refusal(method, exc)))
         if self.metrics is not None:  # one observation per verb the batch carried
             elapsed = time.perf_counter() - started
             verbs = {metric_label(e[0]) for e in batch if isinstance(e, list | tuple) and e}
@@ -125,8 +165,11 @@ class BatchVerbs:
                 raise InvalidArgument(
                     f"{method!r} cannot be batched; batch one of {sorted(BATCH_VERBS)}"
                 )
-            if not isinstance(args, list | tuple):
-                raise InvalidArgument(f"the arguments of a batched {method} must be a list")
+            if not isinstance(args, list | tuple) or len(args) != BATCH_ARITY[method]:
+                raise InvalidArgument(
+                    f"the arguments of a batched {method} must be a list of "
+                    f"{BATCH_ARITY[method]}, not {shown(args)}"
+                )
             args = placed(method, args, key)
             if method == "apply":
                 return self._start_apply(*args)
@@ -150,6 +193,8 @@ class BatchVerbs:
         waiting receives wait without a call each, and get their messages in the round trip
         that brings the news (actors.client.coalesce)."""
         timeout = checks.seconds("timeout", timeout, zero=True)
+        if type(queue) is not str:
+            raise InvalidArgument(f"queue must be a queue's name, not {shown(queue)}")
         if not isinstance(takes, list | tuple):
             raise InvalidArgument(f"takes must be a list, not {type(takes).__name__}")
         started = time.monotonic()
@@ -177,7 +222,7 @@ class BatchVerbs:
             holder = self.holders.adopt(owner)
             return True, pack_received(self._take(queue, options, holder, reader))
         except Exception as exc:  # this receive's error; the others take on
-            return False, exc
+            return False, refusal("wait_take", exc)
 
     def undelivered(self, order: Any, method: str, args: Any, result: Any) -> int:
         """A call whose answer never reached its client (its direct channel ended: the client

@@ -610,3 +610,16 @@ def test_the_broker_calls_its_own_methods_unwrapped_and_ray_still_calls_in(broke
 
     assert ray.get(broker.actor.__ray_call__.remote(wrapped)) == []
     assert broker.info()["name"] == broker.name
+
+
+def test_the_actors_raw_entry_points_refuse_malformed_calls_with_typed_errors(make_broker):
+    """What any Ray client can call on the actor, arguments of the wrong shape: typed errors
+    (tests/unit/test_fuzz.py fuzzes them in-process)."""
+    b = make_broker()
+    with pytest.raises(InvalidArgument, match=r"alter takes \(kind, name, changes, request_id\)"):
+        ray.get(b.actor.call.remote(("raw-client", 0, 0), "alter"))
+    [(ok, error)] = ray.get(b.actor.calls.remote(("raw-client", 1, 1), [("apply", [])]))
+    assert not ok and isinstance(error, InvalidArgument) and "a list of 2" in str(error)
+    with pytest.raises(InvalidArgument, match="queue must be a queue's name"):
+        ray.get(b.actor.wait_take.remote({"not": "a name"}, 0, []))
+    assert b.info()["name"] == b.name  # it still answers

@@ -21,6 +21,7 @@ from actors.calls.envelope import Begin, End, Send, Timer
 from actors.core import BrokerCore, Limits
 from actors.errors import BrokerError
 from actors.model.catalog import Activation
+from actors.service.calls import BATCH_VERBS, CLIENT_VERBS
 from actors.store.database import Store
 from actors.transport.wire import Bundle, unpack_reply
 from tests.fakes import FakeClock
@@ -306,3 +307,72 @@ def test_a_good_bundle_beside_a_malformed_one_is_still_taken(target):
     assert refused or [a.code is not None for a in acks if a.conversation_id == "fuzz-bad"] == [
         True
     ]
+
+
+# --- the broker's raw entry points: what any Ray client can call on the actor ----------------
+
+raw_args = st.lists(st.one_of(names, anything, st.sampled_from([0, 0.0, {}, [], None])), max_size=7)
+entries = st.one_of(
+    st.tuples(
+        st.just("call"), st.one_of(st.sampled_from(sorted(CLIENT_VERBS)), anything), raw_args
+    ),
+    st.tuples(
+        st.just("calls"),
+        st.one_of(
+            anything,
+            st.lists(
+                st.one_of(
+                    st.tuples(st.one_of(st.sampled_from(sorted(BATCH_VERBS)), anything), raw_args),
+                    anything,
+                ),
+                max_size=3,
+            ),
+        ),
+    ),
+    st.tuples(
+        st.just("wait_take"),
+        st.one_of(names, anything),
+        st.one_of(st.sampled_from([0, 0.0, 0.01]), anything),
+        st.one_of(anything, st.lists(st.one_of(raw_args, anything), max_size=3)),
+    ),
+)
+orders = st.one_of(
+    st.builds(lambda n: (f"fuzz-{n}", 0, 0), st.integers(0, 2**62)),  # a new client's first call
+    anything,
+)
+
+
+@FUZZ
+@given(entry=entries, order=orders)
+def test_any_call_on_the_raw_entry_points_is_done_or_refused_with_a_typed_error(
+    broker, entry, order
+):
+    """`call`, `calls` and `wait_take` as any Ray client can call them on the actor, with any
+    arguments: each answers or raises a `BrokerError`; a batch's or a take's own errors too."""
+    service = broker.service
+
+    async def go():
+        kind, *rest = entry
+        if kind == "call":
+            method, args = rest
+            return await service.call(order, method, *args)
+        if kind == "calls":
+            return await service.calls(order, rest[0])
+        return await service.wait_take(*rest)
+
+    async def bounded():  # a verb told to wait may wait: that is an answer too
+        try:
+            return await asyncio.wait_for(go(), 0.5)
+        except TimeoutError:
+            return None
+
+    try:
+        result = broker._run(bounded())
+        event("done")
+    except BrokerError as exc:
+        event(f"refused: {type(exc).__name__}")
+        return
+    if entry[0] in ("calls", "wait_take") and isinstance(result, list):
+        for ok, answer in result:  # each call's or take's own outcome
+            assert ok or isinstance(answer, BrokerError), answer
+    assert broker.info()["name"] == "fuzz"  # it still answers
