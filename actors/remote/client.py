@@ -10,7 +10,9 @@ handle's order (`actors.calls.ordering`), so calls in flight together apply in t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -88,6 +90,9 @@ def _reraise(exc: ray.exceptions.RayTaskError) -> None:
     if isinstance(cause, BrokerError):
         raise cause.with_traceback(None) from None
     raise exc
+
+
+log = logging.getLogger("raybroker")
 
 
 class _Call:
@@ -372,20 +377,52 @@ class AsyncBroker(Verbs):
             call.close()
 
     def _give_back_when_answered(self, call: _Call) -> None:
-        """A lock-taking call whose caller left while the broker ran it: what it takes is given
-        back when its answer comes. Kept, those groups would stay locked by nobody until their
-        lease ran out, and that rollback would count toward the queue's poison limit."""
+        """A lock-taking call whose caller left while the broker ran it (a receive, a batch or a
+        shared wait carrying receives): what it takes is given back when its answer comes. Kept,
+        those groups would stay locked by nobody until their lease ran out, and that rollback
+        would count toward the queue's poison limit. Through Ray, the answer is awaited and the
+        give back sent from Ray's side, not on the caller's event loop, which may end right
+        after (`asyncio.run` returning cancels the calls still on the way)."""
         ref = call.ref
-        if ref is None or call.method not in ("receive", "get_conversation_group"):
+        if ref is None or call.method not in LOCK_TAKING:
             return
-        answer = ref if isinstance(ref, asyncio.Future) else asyncio.wrap_future(ref.future())
+        if isinstance(ref, asyncio.Future):  # over the direct channel: on its loop
+            ref.add_done_callback(
+                lambda done: self._give_back_now(answered_locks(call.method, call.args, done))
+            )
+            return
+        sync, method, args = self._sync, call.method, call.args
 
-        def answered(future: asyncio.Future) -> None:
-            ids = answered_locks(call.method, call.args, future)
-            if ids:
-                self._coalescer().give_back(ids)
+        def answered(done: concurrent.futures.Future) -> None:
+            ids = answered_locks(method, args, done)
+            if ids:  # (a thread: Ray's own, which ran this, must not wait on a call)
+                threading.Thread(target=give_back, args=(sync, ids), daemon=True).start()
 
-        answer.add_done_callback(answered)
+        ref.future().add_done_callback(answered)
+
+    def _give_back_now(self, ids: list[str]) -> None:
+        if ids:
+            threading.Thread(target=give_back, args=(self._sync, ids), daemon=True).start()
+
+
+LOCK_TAKING = frozenset({"receive", "get_conversation_group", "calls", "wait_take"})
+
+
+def give_back(broker: Broker, ids: list[str]) -> None:
+    """Return the groups `ids` to their queue through Ray, from any thread (not a rollback: it
+    does not count toward poison); best effort: if it fails, their lease runs out instead."""
+    call = _Call(broker, "give_back", (ids,))
+    try:
+        try:
+            broker.result(call.submit())
+        except ray.exceptions.RayTaskError as exc:
+            if not isinstance(exc, InvalidArgument):
+                raise
+            broker.rollback(ids)  # a broker older than the verb: a rollback, as before it
+    except Exception:  # the lease is the fallback
+        log.debug("giving back %d lock(s) of a departed caller failed", len(ids), exc_info=True)
+    finally:
+        call.close()
 
 
 def connect(name: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0) -> Broker:

@@ -48,6 +48,7 @@ from actors.service.metrics import SAMPLE_EVERY_S, MetricsSink
 from actors.service.replies import Replies
 from actors.service.routes import RouteVerbs
 from actors.service.views import ViewVerbs
+from actors.service.waiting import Waiting
 from actors.store.database import Store
 from actors.transport import Outbound, Peers
 
@@ -84,7 +85,7 @@ def settle_shares(rollback: Sequence[str], ops: Sequence[Op]) -> bool:
     return not rollback and sends_only(ops)
 
 
-class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
+class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs, Waiting):
     """One broker and its runtime. Construct it on the event loop it will run on."""
 
     def __init__(
@@ -119,7 +120,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         self.peers = peers
         self.courier = self.core.transport.courier(peers) if peers is not None else None
         self.pools = ReaderPools(self, self.core.limits, launcher)
-        self._waiters: dict[str, asyncio.Event] = {}
+        Waiting.__init__(self)
         self.holders = LockHolders()
         self._failpoints: set[str] = set()
         loop = asyncio.get_running_loop()
@@ -217,19 +218,6 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs):
         reply = await self.courier.deliver(blob)
         self._send_poke.set()  # replies to these dialogs may be waiting to go out
         return reply
-
-    # --- waiting and waking ----------------------------------------------------------------------
-
-    def _wake(self, queue: str) -> None:
-        ev = self._waiters.pop(queue, None)
-        if ev is not None:
-            ev.set()
-        self.pools.nudge(queue)
-
-    async def _wait(self, queue: str, timeout: float) -> None:
-        ev = self._waiters.setdefault(queue, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout)
 
     def _surface(self, kind: str, subject: str, detail: str) -> None:
         level = logging.WARNING if kind == "QueueDisabled" else logging.INFO

@@ -8,15 +8,18 @@ from typing import TYPE_CHECKING, Any
 from actors.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from actors.activation import ReaderPools
     from actors.core import BrokerCore
 
 
 class ViewVerbs:
-    """View verbs; the service supplies `core` and `pools`."""
+    """View verbs; the service supplies `core`, `pools` and `waiting`."""
 
     core: BrokerCore
     pools: ReaderPools
+    waiting: Counter[str]
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the metrics sink is handed each second (see actors.service.metrics)."""
@@ -34,6 +37,7 @@ class ViewVerbs:
         out = self.core.queues_view()
         for name, row in out.items():
             row["readers"] = self.pools.readers(name)
+            row["waiting_receives"] = self.waiting.get(name, 0)  # receives waiting for messages
         return out
 
     async def view(self, name: str, kwargs: dict[str, Any]) -> Any:

@@ -623,3 +623,29 @@ def test_the_actors_raw_entry_points_refuse_malformed_calls_with_typed_errors(ma
     with pytest.raises(InvalidArgument, match="queue must be a queue's name"):
         ray.get(b.actor.wait_take.remote({"not": "a name"}, 0, []))
     assert b.info()["name"] == b.name  # it still answers
+
+
+@pytest.mark.parametrize("direct", ["1", "0"], ids=["direct channel", "through Ray"])
+def test_a_waiting_aio_receive_cancelled_as_its_loop_ends_gives_back_what_it_takes(
+    make_broker, monkeypatch, direct
+):
+    monkeypatch.setenv("RAYBROKER_DIRECT", direct)
+    b = make_broker(lease_s=60.0)
+    define_orders(b)
+    h = b.begin_dialog("Orders", "Fulfilment", "OrderContract")
+
+    def waiting() -> bool:
+        return b.queues()["FulfilmentQueue"]["waiting_receives"] > 0
+
+    async def leave() -> None:
+        task = asyncio.create_task(b.aio.receive("FulfilmentQueue", wait=30))
+        await asyncio.to_thread(wait_until, waiting, 30, "the receive to wait at the broker")
+        task.cancel()
+
+    asyncio.run(leave())  # the loop ends right after the cancel
+    b.send(h, "Order", b"{}")  # the broker's waiting take takes it for the receive that left
+    # back in the queue long before the 60 s lease would run out, and no rollback counted
+    [g] = b.receive("FulfilmentQueue", wait=20)
+    assert [m.body for m in g.messages] == [b"{}"]
+    b.commit([g])
+    assert b.queues()["FulfilmentQueue"]["rollbacks_in_a_row"] == 0
