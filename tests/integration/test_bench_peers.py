@@ -92,7 +92,7 @@ def test_every_system_runs_every_workload_once_in_order(tmp_path):
         where = f"{system} {variant}: {row['notes']}"
         assert row["messages_per_s"] > 0 and row["runs"] == [row["messages_per_s"]], where
         assert 0 <= row["p50_ms"] <= row["p99_ms"], where
-        assert row["cpu_s_per_1k"] > 0, where  # the harness's processes at least
+        assert row["cpu_s_per_1k"] >= 0, where  # whole clock ticks: a short row may read 0
         assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), where
     assert "not durable" in rows[("ray-queue", "none", "bulk-spread")]["notes"]
     # each system as its server and client report themselves

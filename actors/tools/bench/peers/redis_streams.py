@@ -2,9 +2,11 @@
 partition (conversation % R) with a consumer group, one consumer per stream.
 
 Producer: a call's messages are XADDed in pipelines, one per stream the call touches, and up to
-INFLIGHT calls are in flight. Order per stream holds because each stream has a connection of its
-own for the producer, and a lock that lets its pipelines through one after another in the order
-the calls were issued, while the other streams' connections go on in parallel. Many
+INFLIGHT calls are in flight. Order per stream holds because each stream has a connection and a
+thread of its own for the producer, which sends that stream's pipelines one after another in the
+order the calls were issued, while the other streams' threads go on in parallel. The pipelines go
+through redis-py's synchronous client: its asynchronous one reads a pipeline's replies one at a
+time through asyncio, at over twice the CPU per message. Many
 clients: each process's clients share one pooled client, an XADD per message.
 
 Consumer: the previous batch's XACK goes in one pipeline with the next XREADGROUP (COUNT; BLOCK
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from actors.tools.bench.peers import servers
@@ -90,29 +93,34 @@ class RedisStreams:
 
 
 class RedisClient:
-    ordered = True  # a stream's pipelines go one after another on its own connection
+    """Batches go through redis-py's synchronous client, each stream's on a thread of its own
+    (the asynchronous client reads a pipeline's replies one at a time through asyncio, at over
+    twice the CPU per message); many clients' single messages through the asynchronous pool."""
+
+    ordered = True  # a stream's pipelines go one after another on its own thread and connection
     inflight = INFLIGHT
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.p = params
-        self.pool: Any = None  # many clients, and the consumers' blocking reads
-        self.per_stream: dict[int, Any] = {}  # the producer's connection per stream
-        self.locks: dict[int, asyncio.Lock] = {}  # its pipelines one at a time, in issue order
+        self.pool: Any = None  # many clients' calls, one message each
+        self.per_stream: dict[int, Any] = {}  # a batch producer's connection per stream ...
+        self.threads: dict[int, ThreadPoolExecutor] = {}  # ... and its thread, first come first
+        self.reader: Any = None  # a batch consumer's connection
 
     async def start(self) -> None:
+        import redis
         import redis.asyncio as aioredis
 
-        self.pool = aioredis.Redis(
-            host="127.0.0.1", port=self.p["port"], max_connections=MAX_CONNECTIONS
-        )
+        port = self.p["port"]
+        self.pool = aioredis.Redis(host="127.0.0.1", port=port, max_connections=MAX_CONNECTIONS)
         await self.pool.ping()
-        if self.p["per_call"] > 1:  # a producer of batches: a connection per stream
+        if self.p["per_call"] > 1:
             for s in range(len(self.p["streams"])):
-                self.per_stream[s] = aioredis.Redis(
-                    host="127.0.0.1", port=self.p["port"], max_connections=1
-                )
-                self.locks[s] = asyncio.Lock()
-            await asyncio.gather(*(c.ping() for c in self.per_stream.values()))
+                self.per_stream[s] = redis.Redis(host="127.0.0.1", port=port)
+                self.threads[s] = ThreadPoolExecutor(1, thread_name_prefix=f"stream-{s}")
+            self.reader = redis.Redis(host="127.0.0.1", port=port)
+            for client in [*self.per_stream.values(), self.reader]:
+                client.ping()
 
     async def send(self, bodies: list[tuple[int, bytes]]) -> None:
         streams, n = self.p["streams"], self.p["partitions"]
@@ -123,30 +131,31 @@ class RedisClient:
         by_stream: dict[int, list[bytes]] = {}
         for conv, body in bodies:
             by_stream.setdefault(conv % n, []).append(body)
-        await asyncio.gather(*(self._pipeline(s, b) for s, b in by_stream.items()))
+        loop = asyncio.get_running_loop()
+        # handed to each stream's one thread now, in the order the calls were issued: that
+        # thread sends them in that order
+        await asyncio.gather(
+            *(loop.run_in_executor(self.threads[s], self._pipeline, s, b)
+              for s, b in by_stream.items())
+        )  # fmt: skip
 
-    async def _pipeline(self, stream: int, bodies: list[bytes]) -> None:
-        # the stream's own connection; its lock (first come, first served) lets the pipelines
-        # through in the order they were issued
+    def _pipeline(self, stream: int, bodies: list[bytes]) -> None:
         pipe = self.per_stream[stream].pipeline(transaction=False)
+        name = self.p["streams"][stream]
         for body in bodies:
-            pipe.xadd(self.p["streams"][stream], {"b": body})
-        async with self.locks[stream]:
-            await pipe.execute()
+            pipe.xadd(name, {"b": body})
+        pipe.execute()
 
     async def consume(self, index: int, rec: Recorder) -> None:
-        stream, count = self.p["streams"][index], self.p["per_call"]
+        batches = self.p["per_call"] > 1  # else one of many clients' consumers: on the pool
         taken: list[bytes] = []  # entry ids read last turn, acknowledged with the next read
         received: list = []
         while not rec.stopping:
             issued = time.perf_counter()
-            pipe = self.pool.pipeline(transaction=False)
-            if taken:
-                pipe.xack(stream, GROUP, *taken)
-            # with an acknowledgement to make, read without blocking, so it is confirmed now
-            block = None if taken else BLOCK_MS
-            pipe.xreadgroup(GROUP, f"c{index}", {stream: ">"}, count=count, block=block)
-            got = (await pipe.execute())[-1]
+            if batches:
+                got = await asyncio.to_thread(self._read, self.reader.pipeline, index, taken)
+            else:
+                got = await self._read_async(index, taken)
             if taken:
                 rec.confirmed(received, issued)
             entries = got[0][1] if got else []
@@ -154,8 +163,30 @@ class RedisClient:
             received = [decode(fields[b"b"]) for _, fields in entries]
         if taken:
             issued = time.perf_counter()
-            await self.pool.xack(stream, GROUP, *taken)
+            await self.pool.xack(self.p["streams"][index], GROUP, *taken)
             rec.confirmed(received, issued)
 
+    def _read(self, pipeline: Any, index: int, taken: list[bytes]) -> Any:
+        pipe = self._read_pipeline(pipeline(transaction=False), index, taken)
+        return pipe.execute()[-1]
+
+    async def _read_async(self, index: int, taken: list[bytes]) -> Any:
+        pipe = self._read_pipeline(self.pool.pipeline(transaction=False), index, taken)
+        return (await pipe.execute())[-1]
+
+    def _read_pipeline(self, pipe: Any, index: int, taken: list[bytes]) -> Any:
+        """The last read's XACK, then the next XREADGROUP; with an acknowledgement to make, the
+        read does not block, so the acknowledgement is confirmed now."""
+        stream = self.p["streams"][index]
+        if taken:
+            pipe.xack(stream, GROUP, *taken)
+        block = None if taken else BLOCK_MS
+        pipe.xreadgroup(GROUP, f"c{index}", {stream: ">"}, count=self.p["per_call"], block=block)
+        return pipe
+
     async def stop(self) -> None:
-        await asyncio.gather(self.pool.aclose(), *(c.aclose() for c in self.per_stream.values()))
+        for executor in self.threads.values():
+            executor.shutdown()
+        for client in [*self.per_stream.values(), *([self.reader] if self.reader else [])]:
+            client.close()
+        await self.pool.aclose()
