@@ -49,10 +49,15 @@ def _bench(args: argparse.Namespace) -> int:
 
     progress = lambda s: print(f"... {s}", flush=True)  # noqa: E731
     try:
+        warm_up = not args.quick  # a smoke test's figures are not compared
         if args.scenario in ("peers", "mirror"):  # each repeats inside what it starts once
-            report = scenarios[args.scenario](load, progress=progress, repeats=args.repeats)
+            report = scenarios[args.scenario](
+                load, progress=progress, repeats=args.repeats, warm_up=warm_up
+            )
         else:
-            report = repeated(scenarios[args.scenario], load, args.repeats, progress)
+            report = repeated(
+                scenarios[args.scenario], load, args.repeats, progress, warm_up=warm_up
+            )
     except InvalidArgument as exc:
         print(f"raybroker bench: {exc}", file=sys.stderr)
         return 2
@@ -89,7 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("scenario", help="local, remote, activation, ddr, ingest, peers or mirror")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     bench.add_argument("--messages", type=int, help="how many messages")
-    bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small run for smoke tests: 10,000 messages, no warm-up run",
+    )
     bench.add_argument(
         "--repeats", type=int, default=3, help="measured runs after a warm-up (default 3)"
     )

@@ -54,6 +54,13 @@ def test_a_scenario_runs_a_warm_up_then_its_repeats_and_reports_their_median():
     assert report.rows[0].messages_per_s == 200.0 and report.rows[0].runs == [100, 300, 200]
     assert progress == ["warm-up run (2,000 messages)", "run 1 of 3", "run 2 of 3", "run 3 of 3"]
 
+    loads.clear()  # a smoke test's run (--quick): the repeats alone
+    progress.clear()
+    rates = iter([7.0, 9.0])
+    report = repeated(scenario, Load(messages=20_000), 2, progress.append, warm_up=False)
+    assert loads == [20_000, 20_000] and report.rows[0].runs == [7, 9]
+    assert progress == ["run 1 of 2", "run 2 of 2"]
+
 
 def test_a_run_whose_driver_is_busy_is_flagged_in_its_rows():
     def working(load: Load, progress) -> Report:

@@ -180,3 +180,10 @@ def test_a_run_of_three_repeats_reports_three_runs_and_their_median_per_row():
         assert "median of 3 runs" in row.notes and (row.lost, row.doubled) == (0, 0)
     assert sum("warm-up" in line for line in progress) == len(report.rows)
     assert sum("run 3/3" in line for line in progress) == len(report.rows)
+
+    progress.clear()  # a smoke test's run (--quick): the repeats alone
+    report = run(
+        Load(messages=1000), progress.append, systems=["raw-sqlite"], repeats=1, warm_up=False
+    )
+    assert not any("warm-up" in line for line in progress)
+    assert sum("run 1/1" in line for line in progress) == len(report.rows)

@@ -48,10 +48,16 @@ GOAL_FAILOVER_S = 5.0
 REPEATS = 3
 
 
-def run(load: Load = DEFAULT_LOAD, progress: Progress = print, repeats: int = REPEATS) -> Report:
+def run(
+    load: Load = DEFAULT_LOAD,
+    progress: Progress = print,
+    repeats: int = REPEATS,
+    warm_up: bool = True,
+) -> Report:
     """Its repeats run inside the one cluster it starts (a cluster per run would measure Ray's
-    start as much as the broker): after a warm-up, `repeats` runs of each broker, interleaved,
-    each row their median; the failover, which costs the cluster a node, once."""
+    start as much as the broker): after a warm-up (unless not `warm_up`), `repeats` runs of
+    each broker, interleaved, each row their median; the failover, which costs the cluster a
+    node, once."""
     check_repeats(repeats)
     report = Report("mirror", {**asdict(load), "body_bytes": 100, "repeats": repeats})
     if ray.is_initialized():
@@ -72,7 +78,7 @@ def run(load: Load = DEFAULT_LOAD, progress: Progress = print, repeats: int = RE
             cluster.add_node(num_cpus=1, resources={"zone_b": 1})
             cluster.wait_for_nodes()
             ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
-            _measure(report, load, repeats, tmp, cluster, node_a, progress)
+            _measure(report, load, repeats, warm_up, tmp, cluster, node_a, progress)
         finally:
             ray.shutdown()
             cluster.shutdown()
@@ -83,6 +89,7 @@ def _measure(
     report: Report,
     load: Load,
     repeats: int,
+    warm_up: bool,
     tmp: str,
     cluster: Cluster,
     node_a: Any,
@@ -101,7 +108,7 @@ def _measure(
         _define(broker)
     warm = replace(load, messages=max(load.batch, load.messages // 10))
     runs: dict[str, list[Row]] = {label: [] for label in brokers}
-    for i in range(repeats + 1):
+    for i in range(0 if warm_up else 1, repeats + 1):
         for label, broker in brokers.items():  # interleaved: the machine's drift hits both
             what = "warm-up" if i == 0 else f"run {i} of {repeats}"
             n = warm if i == 0 else load

@@ -1,7 +1,7 @@
-"""Every `raybroker bench` scenario measured the same way: a warm-up run at a tenth of the load,
-then `repeats` runs, each row the median of its runs (with every run's figure and the spread),
-and a run whose driver process was above BUSY of a core flagged in its rows: the harness, not
-the system, may have set that run's pace."""
+"""Every `raybroker bench` scenario measured the same way: a warm-up run at a tenth of the load
+(none for a smoke test, `--quick`), then `repeats` runs, each row the median of its runs (with
+every run's figure and the spread), and a run whose driver process was above BUSY of a core
+flagged in its rows: the harness, not the system, may have set that run's pace."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ def repeated(
     repeats: int,
     progress: Progress,
     busy: float = BUSY,
+    warm_up: bool = True,
 ) -> Report:
     check_repeats(repeats)
-    warm = replace(load, messages=max(load.batch, load.messages // 10))
-    progress(f"warm-up run ({warm.messages:,} messages)")
-    scenario(warm, progress=progress)
+    if warm_up:
+        warm = replace(load, messages=max(load.batch, load.messages // 10))
+        progress(f"warm-up run ({warm.messages:,} messages)")
+        scenario(warm, progress=progress)
     reports = []
     for i in range(repeats):
         progress(f"run {i + 1} of {repeats}")

@@ -82,9 +82,10 @@ def run(
     progress: Progress = print,
     systems: Sequence[str] | None = None,
     repeats: int = REPEATS,
+    warm_up: bool = True,
 ) -> Report:
     """The report: a row per (system, durability class, workload), each the median of
-    `repeats` runs after a warm-up; `systems` picks some of SYSTEMS."""
+    `repeats` runs after a warm-up (unless not `warm_up`); `systems` picks some of SYSTEMS."""
     unknown = sorted(set(systems or ()) - set(SYSTEMS))
     if unknown:
         raise InvalidArgument(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
@@ -108,7 +109,7 @@ def run(
     )
     rows: dict[tuple[str, str, str], Row] = {}
     with tempfile.TemporaryDirectory(prefix="raybroker-peers-") as tmp, ExitStack() as started:
-        run_ = _Run(Path(tmp), workloads, repeats, report, rows, progress, started)
+        run_ = _Run(Path(tmp), workloads, repeats, warm_up, report, rows, progress, started)
         # the processes that ran the systems on Ray go before Ray does (their Ray connection
         # would outlive the cluster), then the others get processes of their own
         with _RayFor(chosen), _Pools() as pools:
@@ -157,12 +158,14 @@ class _Run:
         tmp: Path,
         workloads: list[Workload],
         repeats: int,
+        warm_up: bool,
         report: Report,
         rows: dict[tuple[str, str, str], Row],
         progress: Progress,
         started: ExitStack,
     ) -> None:
         self.tmp, self.workloads, self.repeats = tmp, workloads, repeats
+        self.warm_up = warm_up
         self.report, self.rows, self.progress = report, rows, progress
         self.started = started
         self.servers: dict[str, servers.Server | servers.Unavailable] = {}
@@ -199,7 +202,7 @@ class _Run:
                     continue
                 self.report.params["systems"][f"{system} {durability}"] = made.settings()
                 for w in self.workloads:
-                    row = _measure(made, w, self.repeats, pools, self.progress)
+                    row = _measure(made, w, self.repeats, self.warm_up, pools, self.progress)
                     self.rows[(system, durability, w.variant)] = row
 
     def _start(self, system: str, durability: str, stack: ExitStack) -> System | Any:
@@ -263,11 +266,13 @@ class _Pools:
         self.close()
 
 
-def _measure(system: Any, w: Workload, repeats: int, pools: _Pools, progress: Progress) -> Row:
+def _measure(
+    system: Any, w: Workload, repeats: int, warm_up: bool, pools: _Pools, progress: Progress
+) -> Row:
     label = f"{system.name} ({system.durability}): {w.variant}"
     warm = replace(w, messages=max(w.batch, w.messages // 10 // w.batch * w.batch))
     runs = []
-    for i in range(repeats + 1):
+    for i in range(0 if warm_up else 1, repeats + 1):
         this = warm if i == 0 else w
         what = "warm-up" if i == 0 else f"run {i}/{repeats}"
         progress(f"{label}: {what}, {this.messages:,} messages")
