@@ -14,6 +14,10 @@ settings.load_profile("raybroker")
 # Ray's agents sample every worker's process every 5 s by default, for the dashboard's node view:
 # a few percent of a core for each cluster the suite runs, and nothing here reads it
 os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
+# and each node's log monitor lists its logs directory 10 times a second while it holds fewer
+# than this many files (several hundred here: two per worker process the suite starts); above
+# it, twice a second. The suite's drivers do not print the workers' logs (RAYBROKER_QUIET).
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
 INTEGRATION = "tests/integration/"  # node ids start with the path from the root
 # integration tests that start a Ray cluster of their own, in a subprocess or a namespace (a

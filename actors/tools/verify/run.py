@@ -186,15 +186,17 @@ class Run:
 
     def _spark(self) -> Any:
         from spark_bridge import spark_session
+        from spark_bridge.session import short_jobs_configs
 
         self.progress("starting Spark on Ray (RayDP)")
         # RayDP's master and executor actors stay on the head: a removed node must not take
-        # Spark with it (the master needs no CPU, so Ray could place it anywhere).
-        on_head = {
+        # Spark with it (the master needs no CPU, so Ray could place it anywhere). Its one job
+        # is a few hundred rows: the JVMs' first JIT tier is enough.
+        configs = short_jobs_configs() | {
             f"spark.ray.raydp_spark_{actor}.actor.resource.{HEAD_RESOURCE}": "1"
             for actor in ("master", "executor")
         }
-        return self.stack.enter_context(spark_session(app_name="raybroker-verify", configs=on_head))
+        return self.stack.enter_context(spark_session(app_name="raybroker-verify", configs=configs))
 
     def _reporter(
         self, t0: float, planned: int, malformed: Malformed, ingest: SparkIngest | None
