@@ -18,6 +18,16 @@ cannot:
   one connection run concurrently, each answered by its id. A lock holder's handle, the Ray
   object its owner's death is noticed by, cannot travel in a pickle: the ticket carries it
   (through Ray), and in a call it is named by reference.
+- What the broker reads from a connection is bounded (docs/security.md): connections without
+  a ticket yet are capped in all and per source address, and get a buffer of a ticket's size;
+  a ticket is good once, for TICKET_S; a frame is at most the broker's max_call_bytes and its
+  buffer grows as its bytes arrive; a connection's calls in flight are capped, and reading
+  pauses while answers wait for a client that does not read them. Frames are read by an
+  unpickler that loads no code: plain data, and of the project's own classes only value types
+  (dataclasses, NamedTuples, enums, exceptions) from modules already loaded. A call that
+  carries anything else is not run here (NOT_HERE: the client sends it through Ray).
+- The port is any free one, or one of `RAYBROKER_CHANNEL_PORTS` ("7100" or "7100-7199") on
+  the broker's node, so an operator can open just those in a firewall.
 - A call whose connection breaks (the broker restarted, its node went) goes again through Ray,
   with its number and request id (actors.calls.ordering), so it is applied once; the process's slot
   opens a new connection on a later call. Keepalives and a user timeout end a connection to a
@@ -29,6 +39,9 @@ Pure asyncio and pickle; the one Ray object it names is the process's lock-holde
 from __future__ import annotations
 
 import asyncio
+import builtins
+import dataclasses
+import enum
 import io
 import itertools
 import logging
@@ -36,19 +49,28 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
+
+from actors.errors import InvalidArgument, _rebuild
 
 log = logging.getLogger("raybroker")
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # a call larger than this goes through Ray (the call limits are far below)
-READ_BYTES = 1 << 16  # a connection's receive buffer; a larger frame gets one its size
+FRAME_SLACK = 1 << 20  # a call's frame beyond its bodies' max_call_bytes: names, numbers, pickle
+READ_BYTES = 1 << 16  # a connection's receive buffer; it doubles while a larger frame arrives
 KEEP_BYTES = 1 << 20  # a buffer grown beyond this goes back to READ_BYTES once it is read
 CONNECT_S = 3.0  # opening a connection (and its ticket) gives up after this long
 RETRY_S = 5.0  # after a failed open, calls go through Ray this long before the next try
-TICKET_S = 60.0  # an unused ticket is forgotten after this long
+TICKET_S = 60.0  # a ticket is good for one connection made within this long
+TICKET_BYTES = 64  # a ticket frame's most (ours are 32)
+UNTICKETED_MAX = 64  # connections without a ticket yet, at most; more are closed at once
+UNTICKETED_PER_SOURCE = 16  # of those, from one address
+INFLIGHT_MAX = 128  # a connection's calls running at once; reading pauses at this many
+PORTS_ENV = "RAYBROKER_CHANNEL_PORTS"
 # A dead peer is noticed within about KEEPIDLE + KEEPINTVL * KEEPCNT seconds of silence.
 KEEPIDLE, KEEPINTVL, KEEPCNT = 5, 2, 3
 
@@ -104,9 +126,9 @@ class _Framed(asyncio.BufferedProtocol):
 
     max_frame = MAX_FRAME
 
-    def __init__(self) -> None:
+    def __init__(self, buffer_bytes: int = READ_BYTES) -> None:
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray(READ_BYTES)
+        self._buf = bytearray(buffer_bytes)
         self._start = 0  # unread bytes are _buf[_start:_end]
         self._end = 0
 
@@ -135,9 +157,7 @@ class _Framed(asyncio.BufferedProtocol):
                     self.fail(f"a frame of {size} bytes is over {self.max_frame}")
                     return
                 begin = self._start + 4
-                if self._end - begin < size:
-                    if begin + size > len(buf):  # room for the whole frame, read at once
-                        self._make_room(4 + size)
+                if self._end - begin < size:  # the buffer grows as the rest arrives (get_buffer)
                     return
                 self._start = begin + size
                 self.frame(bytes(view[begin : self._start]))
@@ -149,12 +169,6 @@ class _Framed(asyncio.BufferedProtocol):
                 self._start = self._end = 0
                 if len(self._buf) > KEEP_BYTES:  # a large frame passed: do not keep its room
                     self._buf = bytearray(READ_BYTES)
-
-    def _make_room(self, frame_bytes: int) -> None:
-        unread = self._buf[self._start : self._end]
-        self._buf = bytearray(max(frame_bytes, READ_BYTES))
-        self._buf[: len(unread)] = unread
-        self._start, self._end = 0, len(unread)
 
     def write(self, data: bytes) -> bool:
         """Whether it could be written (the connection is still open)."""
@@ -178,32 +192,61 @@ Dispatch = Callable[[Any, str, tuple[Any, ...]], Awaitable[Any]]  # (order, meth
 Undelivered = Callable[[Any, str, Any, Any], None]  # (order, method, args, result) not sent
 
 
+def channel_ports(text: str | None) -> range:
+    """The ports a broker's channel may listen on, from RAYBROKER_CHANNEL_PORTS: "7100" or
+    "7100-7199"; any free port (range(0, 1)) when unset or empty."""
+    if text is None or not text.strip():
+        return range(0, 1)
+    first, dash, last = text.strip().partition("-")
+    try:
+        low = int(first)
+        high = int(last) if dash else low
+    except ValueError:
+        low = high = -1
+    if not 1 <= low <= high <= 65535:
+        raise InvalidArgument(
+            f"{PORTS_ENV} must be a port or a range of ports between 1 and 65535 (as 7100 or "
+            f"7100-7199), not {text!r}"
+        )
+    return range(low, high + 1)
+
+
 class ChannelServer:
     """Listens for a broker's clients and runs their calls through `dispatch`. A call whose
     answer cannot be sent (its connection ended meanwhile; the client sends it again through
-    Ray) is handed to `undelivered`, so what it took can be given back."""
+    Ray) is handed to `undelivered`, so what it took can be given back. `max_call_bytes`: the
+    broker's limit on a call's bodies, which bounds a frame; `ports`: where it may listen."""
 
     def __init__(
-        self, dispatch: Dispatch, host: str, undelivered: Undelivered | None = None
+        self,
+        dispatch: Dispatch,
+        host: str,
+        undelivered: Undelivered | None = None,
+        max_call_bytes: int = MAX_FRAME - FRAME_SLACK,
+        ports: range = range(0, 1),
     ) -> None:
         self.dispatch = dispatch
         self.undelivered = undelivered
         self.host = host
         self.port = 0
+        self.ports = ports
+        self.max_frame = min(MAX_FRAME, max_call_bytes + FRAME_SLACK)
         self._server: asyncio.AbstractServer | None = None
         self._starting = asyncio.Lock()
         self.tickets: dict[str, tuple[float, Any]] = {}  # ticket -> (made at, holder handle)
-        self.connections = 0  # open now
+        self.served: set[_Served] = set()  # connections open now, with a ticket
         self.calls = 0  # calls received over them, ever
+        self.refused = 0  # connections closed at once: too many without a ticket
+        self.unticketed: dict[str, int] = {}  # source address -> its connections without one
         self.running: set[asyncio.Task] = set()  # calls being answered (held: asyncio does not)
 
     async def ticket(self, holder_handle: Any) -> tuple[str, int, str]:
         """(host, port, ticket) for one connection; `holder_handle`: what a frame's reference
-        to the lock holder stands for on that connection."""
+        to the lock holder stands for on that connection. `ChannelRefused` if no port of
+        `ports` is free."""
         async with self._starting:  # one listener, however many clients ask at once
             if self._server is None:
-                loop = asyncio.get_running_loop()
-                self._server = await loop.create_server(lambda: _Served(self), self.host, 0)
+                self._server = await self._listen()
                 self.port = self._server.sockets[0].getsockname()[1]
         now = time.monotonic()
         for stale in [t for t, (at, _) in self.tickets.items() if at < now - TICKET_S]:
@@ -211,6 +254,48 @@ class ChannelServer:
         ticket = os.urandom(16).hex()
         self.tickets[ticket] = (now, holder_handle)
         return self.host, self.port, ticket
+
+    async def _listen(self) -> asyncio.AbstractServer:
+        loop = asyncio.get_running_loop()
+        error: OSError | None = None
+        for port in self.ports:
+            try:
+                return await loop.create_server(lambda: _Served(self), self.host, port)
+            except OSError as exc:  # in use: the next one
+                error = exc
+        raise ChannelRefused(
+            f"no port of {self.ports.start}-{self.ports.stop - 1} is free on {self.host} "
+            f"({PORTS_ENV}): {error}"
+        )
+
+    @property
+    def connections(self) -> int:
+        """Connections open now, with a ticket."""
+        return len(self.served)
+
+    def take_ticket(self, ticket: str) -> list[Any] | None:
+        """[the holder handle] of a ticket still good (used once, within TICKET_S); else None."""
+        entry = self.tickets.pop(ticket, None)
+        if entry is None or entry[0] < time.monotonic() - TICKET_S:
+            return None
+        return [entry[1]]
+
+    def admit(self, source: str) -> bool:
+        """Whether a connection from `source` may wait for its ticket (then counted until it
+        shows one or closes: `release`)."""
+        mine = self.unticketed.get(source, 0)
+        if sum(self.unticketed.values()) >= UNTICKETED_MAX or mine >= UNTICKETED_PER_SOURCE:
+            self.refused += 1
+            return False
+        self.unticketed[source] = mine + 1
+        return True
+
+    def release(self, source: str) -> None:
+        left = self.unticketed.get(source, 0) - 1
+        if left > 0:
+            self.unticketed[source] = left
+        else:
+            self.unticketed.pop(source, None)
 
     def close(self) -> None:
         if self._server is not None:
@@ -220,39 +305,55 @@ class ChannelServer:
 class _Served(_Framed):
     """One client's connection at the broker: a ticket first, then calls."""
 
-    max_frame = 64  # until the ticket is in: nobody unknown makes the broker buffer much
-
     def __init__(self, server: ChannelServer) -> None:
-        super().__init__()
+        super().__init__(4 + TICKET_BYTES)  # a ticket's room, until one is shown
+        self.max_frame = TICKET_BYTES  # nobody unknown makes the broker buffer more
         self.server = server
         self.holder: list[Any] | None = None  # [the holder handle], once the ticket is in
+        self.source: str | None = None  # the address, while counted as without a ticket
         self._deadline: asyncio.TimerHandle | None = None
+        self.inflight = 0  # calls running for this connection
+        self._paused: set[str] = set()  # why reading is paused: "calls", "writes"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self.server.admit(source):
+            cast(asyncio.Transport, transport).abort()  # at once: its descriptor is free again
+            return
+        self.source = source
         loop = asyncio.get_running_loop()
         self._deadline = loop.call_later(CONNECT_S, self._no_ticket)
 
     def _no_ticket(self) -> None:
         if self.holder is None and self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
+
+    def _ticketed(self) -> None:
+        if self.source is not None:
+            self.server.release(self.source)
+            self.source = None
 
     def frame(self, data: bytes) -> None:
         server = self.server
         if self.holder is None:
-            entry = server.tickets.pop(data.decode("ascii", "replace"), None)
-            if entry is None:  # not a client Ray let in
+            holder = server.take_ticket(data.decode("ascii", "replace"))
+            if holder is None:  # not a client Ray let in (or its ticket is spent or stale)
                 assert self.transport is not None
-                self.transport.close()
+                self.transport.abort()
                 return
-            self.holder = [entry[1]]
-            self.max_frame = MAX_FRAME
-            server.connections += 1
+            self._ticketed()
+            self.holder = holder
+            self.max_frame = server.max_frame
+            server.served.add(self)
             return
         try:
-            call_id, order, method, blob = pickle.loads(data)
+            call_id, order, method, blob = loads(data)
+            if not isinstance(method, str) or not isinstance(blob, bytes):
+                raise pickle.UnpicklingError("a call frame is (id, order, method, bytes)")
         except Exception as exc:  # not a frame of this protocol: the connection ends
-            self.fail(repr(exc))
+            self.fail(repr(exc)[:500])
             return
         server.calls += 1
         # tasks start in the order made; the broker's order check, not this, is what keeps a
@@ -260,14 +361,43 @@ class _Served(_Framed):
         # actor call outlives its caller.
         task = asyncio.ensure_future(self._answer(call_id, order, method, blob))
         server.running.add(task)
-        task.add_done_callback(server.running.discard)
+        task.add_done_callback(self._call_done)
+        self.inflight += 1
+        if self.inflight >= INFLIGHT_MAX:
+            self._pause("calls")
+
+    def _call_done(self, task: asyncio.Task) -> None:
+        self.server.running.discard(task)
+        self.inflight -= 1
+        if self.inflight < INFLIGHT_MAX:
+            self._resume("calls")
+
+    # Back-pressure: the transport calls these as its unsent answers cross its high and low
+    # marks; a client that does not read its answers is not read from either.
+    def pause_writing(self) -> None:
+        self._pause("writes")
+
+    def resume_writing(self) -> None:
+        self._resume("writes")
+
+    def _pause(self, why: str) -> None:
+        if not self._paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._paused.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why not in self._paused:
+            return
+        self._paused.discard(why)
+        if not self._paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     async def _answer(self, call_id: int, order: Any, method: str, blob: bytes) -> None:
         global _holder_here
         _holder_here = self.holder[0] if self.holder else None  # what `_holder` stands for
         try:
-            args = pickle.loads(blob)
-        except Exception as exc:  # (a class only the client has, say): not run; through Ray
+            args = loads(blob)
+        except Exception as exc:  # code, or a class only the client has: not run; through Ray
             self.write(_frame((call_id, NOT_HERE, repr(exc)[:500])))
             return
         finally:
@@ -296,9 +426,67 @@ class _Served(_Framed):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        if self.holder is not None:
-            self.server.connections -= 1
+        self._ticketed()
+        self.server.served.discard(self)
         self.transport = None
+
+
+# What a broker reads from a channel: plain data, and of classes only the project's value types
+# from modules it has loaded, so a frame cannot name a function to call (pickle's REDUCE calls
+# whatever its global names: os.system, say) nor make the broker import anything.
+_OWN_PACKAGES = ("actors", "spark_bridge", "topologies")
+_PLAIN_BUILTINS = frozenset({"set", "frozenset", "bytearray", "complex", "range", "slice"})
+
+
+def wire_class(module: str, name: str) -> Any:
+    """The class a channel frame may name as `module.name`; `pickle.UnpicklingError` for
+    anything else."""
+    if (module, name) in _FUNCTIONS:
+        return _FUNCTIONS[module, name]
+    if module == "builtins":
+        found = getattr(builtins, name, None)
+        if name in _PLAIN_BUILTINS or (
+            isinstance(found, type) and issubclass(found, BaseException)
+        ):
+            return found
+    elif module.partition(".")[0] in _OWN_PACKAGES and name.isidentifier():
+        found = getattr(sys.modules.get(module), name, None)
+        if isinstance(found, type) and found.__module__ == module and _value_type(found):
+            return found
+    raise pickle.UnpicklingError(f"{module}.{name} may not travel on a direct channel")
+
+
+def _rebuild_error(cls: type, message: str, attrs: dict) -> Any:
+    """The project's errors travel as `actors.errors._rebuild(class, message, attributes)`;
+    here the class must be an exception (it was itself read through `wire_class`)."""
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise pickle.UnpicklingError(f"{cls!r} is not an error")
+    return _rebuild(cls, message, attrs)
+
+
+# the functions a frame may call: its lock holder's reference, an error's rebuilding
+_FUNCTIONS: dict[tuple[str, str], Any] = {
+    (__name__, "_holder"): lambda: _holder(),
+    ("actors.errors", "_rebuild"): _rebuild_error,
+}
+
+
+def _value_type(cls: type) -> bool:
+    return (
+        dataclasses.is_dataclass(cls)
+        or (issubclass(cls, tuple) and hasattr(cls, "_fields"))  # a NamedTuple
+        or issubclass(cls, enum.Enum | BaseException)
+    )
+
+
+class _WireUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return wire_class(module, name)
+
+
+def loads(data: bytes) -> Any:
+    """A frame's or a call's pickle, read as the broker reads them (see `wire_class`)."""
+    return _WireUnpickler(io.BytesIO(data)).load()
 
 
 # The client's side ---------------------------------------------------------------------------

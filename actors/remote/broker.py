@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import os
 import warnings
 from typing import Any
 
 import ray
 
-from actors.client.channel import ChannelServer
-from actors.errors import BrokerError
+from actors.client.channel import PORTS_ENV, ChannelRefused, ChannelServer, channel_ports
+from actors.errors import BrokerError, InvalidArgument
+from actors.model.limits import Limits
 from actors.remote.client import direct_allowed
 from actors.remote.metrics import RayMetrics
 from actors.remote.peers import RayPeers
 from actors.remote.pools import RayReaderLauncher
 from actors.service.broker import BrokerService
+
+log = logging.getLogger("raybroker")
 
 GC_THRESHOLDS = (10_000, 10, 10)  # gc.set_threshold: a young pass per 10,000 new objects
 
@@ -64,6 +69,7 @@ class BrokerActor(BrokerService):
         # cadence relative to it: a middle pass per 10 young ones, a full one per 10 of those.
         gc.set_threshold(*GC_THRESHOLDS)
         self._channels: ChannelServer | None = None  # listening once a client asks
+        self._channels_off = False  # the node's channel setting cannot be honoured
 
     async def info(self) -> dict[str, Any]:
         if self.start_error is not None:
@@ -79,17 +85,30 @@ class BrokerActor(BrokerService):
         """(host, port, ticket) of a direct channel for a client (actors.client.channel); `holder`:
         its lock holder's token, in a list so Ray passes it unresolved. None when channels are
         turned off here (`RAYBROKER_DIRECT=0`, or Ray's TLS): the client stops asking."""
-        if not direct_allowed():
+        if not direct_allowed() or self._channels_off:
             return None
-        if self._channels is None:
-            host = ray.util.get_node_ip_address()
-            self._channels = ChannelServer(self.dispatch, host, self.undelivered)
-        return await self._channels.ticket(holder[0])
+        try:
+            if self._channels is None:
+                self._channels = ChannelServer(
+                    self.dispatch,
+                    ray.util.get_node_ip_address(),
+                    self.undelivered,
+                    Limits.of(self.limits).max_call_bytes,
+                    channel_ports(os.environ.get(PORTS_ENV)),
+                )
+            return await self._channels.ticket(holder[0])
+        except (InvalidArgument, ChannelRefused) as exc:  # the node's setting: calls use Ray
+            log.error("raybroker: broker %s opens no direct channels: %s", self.name, exc)
+            self._channels_off = True
+            return None
 
     def _channel_counts(self) -> dict[str, int]:
-        """Direct channels open now, and the calls they have carried."""
+        """Direct channels open now, the calls they have carried, and the connections closed at
+        once for want of room (too many without a ticket)."""
         c = self._channels
-        return {"open": 0, "calls": 0} if c is None else {"open": c.connections, "calls": c.calls}
+        if c is None:
+            return {"open": 0, "calls": 0, "refused": 0}
+        return {"open": c.connections, "calls": c.calls, "refused": c.refused}
 
     async def holder_alive(self, handle: Any) -> bool | None:
         """`handle`: the holder's token (see `client.lock_holder`); Ray loses it when its

@@ -122,7 +122,7 @@ def test_with_direct_channels_off_calls_go_through_ray(make_broker, monkeypatch)
         return got
 
     assert len(asyncio.run(calls())) == 3
-    assert channels(b) == {"open": 0, "calls": 0}
+    assert channels(b) == {"open": 0, "calls": 0, "refused": 0}
 
 
 def test_a_receive_under_a_lock_its_caller_holds_goes_over_the_channel_too(make_broker):
@@ -137,3 +137,58 @@ def test_a_receive_under_a_lock_its_caller_holds_goes_over_the_channel_too(make_
     assert channels(b)["calls"] - before == 2  # the receive, and this info call
     assert [g.lock_id for g in got] == [lock_id] and [m.body for m in got[0].messages] == [b"work"]
     b.commit(got)
+
+
+def _flood(host: str, port: int, connections: int, wave: int = 500) -> None:
+    """`connections` TCP connections to the channel's port that never show a ticket, `wave` held
+    open at a time (as a client that connects and says nothing)."""
+    import socket
+
+    for start in range(0, connections, wave):
+        held = []
+        for _ in range(min(wave, connections - start)):
+            s = socket.socket()
+            s.settimeout(5)
+            try:
+                s.connect((host, port))
+            except OSError:  # refused, or the backlog full for a moment: it tried
+                s.close()
+                continue
+            held.append(s)
+        for s in held:
+            s.close()
+
+
+def test_a_flood_of_connections_without_a_ticket_leaves_callers_served_and_memory_as_it_was(
+    make_broker,
+):
+    import psutil
+
+    b = make_broker()
+    define(b)
+    wait_until(lambda: channels(b)["open"] >= 1, what="the sync handle's channel to open")
+    host, port, _ticket = ray.get(b.actor.open_channel.remote([None]))
+    broker = psutil.Process(b.info()["pid"])
+    before = broker.memory_info().rss
+
+    _flood(host, port, 3000)
+
+    # every connection past the cap was closed at once, and those waiting for a ticket in time
+    flood = channels(b)
+    assert flood["refused"] > 2000, flood
+    # a caller still gets its answers: the open channel's, and a new loop's (a new connection,
+    # or through Ray while the cap is full)
+    got = b.receive("Q", max_groups=10)
+    b.commit(got)
+
+    async def fresh_loop() -> dict:
+        return await b.aio.info()
+
+    assert asyncio.run(fresh_loop())["name"] == b.name
+    # and the broker's memory comes back to what it was (the issue: +122 MiB for 1,900 of them)
+    wait_until(
+        lambda: broker.memory_info().rss <= 1.1 * before,
+        timeout=30,
+        what=f"the broker's RSS back within 10% of {before:,} bytes",
+    )
+    assert [m.body for g in got for m in g.messages] == [b"work"] * 3

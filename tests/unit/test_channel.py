@@ -5,8 +5,11 @@ carried by reference, and a broken connection failing its calls with ChannelBrok
 from __future__ import annotations
 
 import asyncio
+import os
+import pickle
 import socket
 import struct
+import sys
 import threading
 
 import pytest
@@ -312,7 +315,7 @@ def test_before_its_ticket_a_connection_may_not_send_a_large_frame(monkeypatch):
         host, port, _ticket = await server.ticket(None)
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(struct.pack("<I", 1 << 20) + b"x" * 1000)  # claims a megabyte
-        got = await asyncio.wait_for(reader.read(), 5)  # closed by the broker: EOF
+        got = await _closed(reader)
         writer.close()
         server.close()
         return got, server.connections
@@ -409,3 +412,280 @@ def test_the_broker_gives_back_what_an_undelivered_answer_took_without_poison(tm
     assert given == [1] * 10
     assert [m.body for g in last for m in g.messages] == [b"m"]
     assert queues["T"]["enabled"]
+
+
+# What a connection may make the broker do (docs/security.md, the direct channel) ------------
+
+
+def _wrote_marker(path: str) -> None:  # what a frame naming code would have the broker run
+    with open(path, "w") as f:
+        f.write("ran")
+
+
+class NamesCode:
+    """Pickles as a call of `_wrote_marker`, as a hostile client's argument would."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return _wrote_marker, (self.path,)
+
+
+def test_a_call_naming_code_is_not_run_nor_anything_imported(tmp_path):
+    marker = str(tmp_path / "marker")
+
+    async def main():
+        broker = Broker()
+        server = await _server(broker)
+        channel = await _channel(server)
+        with pytest.raises(ch.ChannelBroken, match="may not travel on a direct channel"):
+            await channel.send(("c", 0, 0), "apply", (NamesCode(marker),))
+        answer = await channel.send(("c", 1, 0), "apply", ({"plain": [1, 2.5, b"x"]},))
+        channel.close()
+        server.close()
+        return broker, answer
+
+    broker, answer = asyncio.run(main())
+    assert not os.path.exists(marker)  # the broker did not run it
+    assert answer == ("apply", ({"plain": [1, 2.5, b"x"]},))
+    assert [args for _, _, args in broker.seen] == [({"plain": [1, 2.5, b"x"]},)]
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("os", "system"),
+        ("builtins", "eval"),
+        ("builtins", "getattr"),
+        ("subprocess", "Popen"),
+        ("actors.client.channel", "loads"),  # a function of the project's own
+        ("actors.client.local", "LocalBroker"),  # a class of its own that is not a value
+        ("actors.model.catalog", "Queue.__init__"),  # a dotted path into one
+        ("actors.not_a_module", "Thing"),  # a module not loaded is not imported
+    ],
+)
+def test_a_frame_may_not_name_functions_or_classes_that_are_not_plain_values(module, name):
+    import actors.client.local  # noqa: F401 (loaded: refused for what it is, not as unknown)
+
+    with pytest.raises(pickle.UnpicklingError, match="may not travel on a direct channel"):
+        ch.wire_class(module, name)
+    assert "actors.not_a_module" not in sys.modules
+
+
+def test_a_frame_may_carry_the_projects_value_types_and_plain_builtins():
+    from actors import Activation, Queue
+    from actors.calls.envelope import Message
+    from actors.errors import InvalidArgument
+
+    values = (Queue("Q", activation=Activation("m:f")), Message, InvalidArgument("x"), {1, 2})
+    assert repr(ch.loads(pickle.dumps(values, protocol=5))) == repr(values)
+    assert ch.wire_class("builtins", "ValueError") is ValueError
+    assert ch.wire_class("builtins", "frozenset") is frozenset
+
+
+def test_a_frame_naming_code_ends_its_connection_and_runs_nothing(tmp_path):
+    marker = str(tmp_path / "marker")
+
+    async def main():
+        broker = Broker()
+        server = await _server(broker)
+        host, port, ticket = await server.ticket(None)
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(struct.pack("<I", len(ticket)) + ticket.encode())
+        evil = pickle.dumps((0, ("c", 0, 0), "apply", NamesCode(marker)))
+        writer.write(struct.pack("<I", len(evil)) + evil)
+        got = await _closed(reader)
+        writer.close()
+        server.close()
+        return got, broker.seen
+
+    assert asyncio.run(main()) == (b"", [])
+    assert not os.path.exists(marker)
+
+
+def test_a_ticket_is_refused_once_it_is_older_than_ticket_s(monkeypatch):
+    async def main():
+        broker = Broker()
+        server = await _server(broker)
+        host, port, ticket = await server.ticket(None)
+        monkeypatch.setattr(ch, "TICKET_S", 0.0)  # expired by the time it is shown
+
+        async def stale():
+            return host, port, ticket
+
+        late = await ch.Channel.open(stale, None)
+        with pytest.raises(ch.ChannelBroken):
+            await late.send(("c", 0, 0), "apply", (1,))
+        server.close()
+        return broker.seen
+
+    assert asyncio.run(main()) == []
+
+
+def _connect_from(source: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def test_connections_without_a_ticket_are_capped_per_source_and_a_ticket_holder_still_gets_in():
+    """Connections from 127.0.0.2 past UNTICKETED_PER_SOURCE are closed at once; one from
+    another address with a ticket is served meanwhile, and the slots come back as they close."""
+
+    async def main():
+        broker = Broker()
+        server = await _server(broker)
+        await server.ticket(None)  # listening
+        loop = asyncio.get_running_loop()
+        flood = [
+            await loop.run_in_executor(None, _connect_from, "127.0.0.2", server.port)
+            for _ in range(ch.UNTICKETED_PER_SOURCE + 10)
+        ]
+        await apoll(lambda: server.refused == 10, "the connections past the cap refused")
+        assert server.unticketed == {"127.0.0.2": ch.UNTICKETED_PER_SOURCE}
+        channel = await _channel(server)  # from 127.0.0.1, with its ticket
+        answer = await channel.send(("c", 0, 0), "apply", (1,))
+        for s in flood:
+            s.close()
+        await apoll(lambda: not server.unticketed, "the flood's slots given back")
+        channel.close()
+        server.close()
+        return answer, server.refused
+
+    assert asyncio.run(main()) == (("apply", (1,)), 10)
+
+
+def test_connections_without_a_ticket_are_capped_in_all(monkeypatch):
+    monkeypatch.setattr(ch, "UNTICKETED_PER_SOURCE", 1000)
+
+    async def main():
+        server = await _server(Broker())
+        await server.ticket(None)
+        loop = asyncio.get_running_loop()
+        flood = [
+            await loop.run_in_executor(None, _connect_from, "127.0.0.3", server.port)
+            for _ in range(ch.UNTICKETED_MAX + 5)
+        ]
+        await apoll(lambda: server.refused == 5, "the connections past the cap refused")
+        held = sum(server.unticketed.values())
+        for s in flood:
+            s.close()
+        server.close()
+        return held
+
+    assert asyncio.run(main()) == ch.UNTICKETED_MAX
+
+
+def test_a_frame_is_bounded_by_max_call_bytes_and_its_buffer_grows_as_it_arrives():
+    class Limited(Collected):
+        max_frame = 10_000 + ch.FRAME_SLACK
+
+    framed = Limited()
+    framed.transport = Closing()
+    _feed(framed, struct.pack("<I", 512 << 20) + b"x" * 1000, [])  # claims half a gigabyte
+    assert framed.transport.closed and not framed.frames
+    assert len(framed._buf) <= ch.READ_BYTES  # nothing allocated for what did not come
+
+    framed = Limited()
+    _feed(framed, struct.pack("<I", ch.FRAME_SLACK) + b"y" * 100_000, [])  # allowed, part sent
+    assert not framed.frames and len(framed._buf) < 4 * 100_000
+    server = ch.ChannelServer(Broker().dispatch, "127.0.0.1", max_call_bytes=10_000)
+    assert server.max_frame == 10_000 + ch.FRAME_SLACK
+
+
+class Closing(OpenTransport):
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_a_client_that_does_not_read_its_answers_is_not_read_from_until_it_does():
+    """Write back-pressure: answers waiting for a client that does not read stop the broker
+    reading its calls; what waits stays bounded, and every call is answered once it reads."""
+    calls, body = 400, b"z" * (256 << 10)  # 100 MiB of answers in all
+
+    async def main():
+        broker = Broker()
+        server = await _server(broker)
+        host, port, ticket = await server.ticket(None)
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(struct.pack("<I", len(ticket)) + ticket.encode())
+        for i in range(calls):
+            frame = pickle.dumps((i, ("c", i, 0), "apply", pickle.dumps((body,))))
+            writer.write(struct.pack("<I", len(frame)) + frame)
+        # the client reads nothing: the broker stops taking calls well short of all of them
+        await asyncio.sleep(0)
+        await apoll(lambda: len(broker.seen) > 0, "the first calls")
+        stalled = await _settled(lambda: len(broker.seen))
+        waiting = sum(c.transport.get_write_buffer_size() for c in server.served)
+        got = 0
+        while got < calls:  # now it reads: every call is answered
+            (size,) = struct.unpack("<I", await reader.readexactly(4))
+            await reader.readexactly(size)
+            got += 1
+        writer.close()
+        server.close()
+        return stalled, waiting, len(broker.seen)
+
+    stalled, waiting, seen = asyncio.run(main())
+    assert stalled < calls / 2 and 0 < waiting < 64 << 20, (stalled, waiting)
+    assert seen == calls
+
+
+async def _settled(value, quiet_s: float = 0.5):
+    """`value()` once it has stopped changing for `quiet_s`."""
+    last, since = value(), asyncio.get_running_loop().time()
+    while asyncio.get_running_loop().time() - since < quiet_s:
+        await asyncio.sleep(0.05)
+        now = value()
+        if now != last:
+            last, since = now, asyncio.get_running_loop().time()
+    return last
+
+
+def test_the_channel_port_comes_from_the_operators_range():
+    assert ch.channel_ports(None) == range(0, 1) and ch.channel_ports(" ") == range(0, 1)
+    assert ch.channel_ports("7100") == range(7100, 7101)
+    assert ch.channel_ports("7100-7199") == range(7100, 7200)
+    for bad in ("x", "0", "7200-7100", "70000", "1-2-3"):
+        with pytest.raises(InvalidArgument, match="RAYBROKER_CHANNEL_PORTS must be a port"):
+            ch.channel_ports(bad)
+
+    async def main():
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ch.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(port, port + 1))
+        with pytest.raises(ch.ChannelRefused, match="no port of"):
+            await server.ticket(None)
+        free = _free_port()
+        server = ch.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(free, free + 1))
+        _, got, _ = await server.ticket(None)
+        server.close()
+        taken.close()
+        return got, free
+
+    got, free = asyncio.run(main())
+    assert got == free
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _closed(reader: asyncio.StreamReader) -> bytes:
+    """What is left to read once the broker closes the connection: b"" (closed, or reset since
+    what it had not read was dropped)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    except ConnectionResetError:
+        return b""
