@@ -484,15 +484,21 @@ def test_a_frame_may_carry_the_projects_value_types_and_plain_builtins():
     assert ch.wire_class("builtins", "frozenset") is frozenset
 
 
+async def _raw_client(broker: Broker):
+    """A server for `broker` and a plain connection to it that has shown its ticket."""
+    server = await _server(broker)
+    host, port, ticket = await server.ticket(None)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(struct.pack("<I", len(ticket)) + ticket.encode())
+    return server, reader, writer
+
+
 def test_a_frame_naming_code_ends_its_connection_and_runs_nothing(tmp_path):
     marker = str(tmp_path / "marker")
 
     async def main():
         broker = Broker()
-        server = await _server(broker)
-        host, port, ticket = await server.ticket(None)
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.write(struct.pack("<I", len(ticket)) + ticket.encode())
+        server, reader, writer = await _raw_client(broker)
         evil = pickle.dumps((0, ("c", 0, 0), "apply", NamesCode(marker)))
         writer.write(struct.pack("<I", len(evil)) + evil)
         got = await _closed(reader)
@@ -612,10 +618,7 @@ def test_a_client_that_does_not_read_its_answers_is_not_read_from_until_it_does(
 
     async def main():
         broker = Broker()
-        server = await _server(broker)
-        host, port, ticket = await server.ticket(None)
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.write(struct.pack("<I", len(ticket)) + ticket.encode())
+        server, reader, writer = await _raw_client(broker)
         for i in range(calls):
             frame = pickle.dumps((i, ("c", i, 0), "apply", pickle.dumps((body,))))
             writer.write(struct.pack("<I", len(frame)) + frame)
