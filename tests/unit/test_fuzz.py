@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import pickle
+import struct
 import time
 
 import msgpack
@@ -376,3 +378,99 @@ def test_any_call_on_the_raw_entry_points_is_done_or_refused_with_a_typed_error(
         for ok, answer in result:  # each call's or take's own outcome
             assert ok or isinstance(answer, BrokerError), answer
     assert broker.info()["name"] == "fuzz"  # it still answers
+
+
+# The direct channel's frames (actors.client.channel): what any process that reaches the port
+# can send, with or without a ticket first.
+
+
+class _Wire:
+    """What the broker does with one connection: the frames it writes, whether it closed it."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def pause_reading(self) -> None:
+        pass
+
+    resume_reading = pause_reading
+
+    def get_extra_info(self, name: str, default=None):
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+
+def _pickled(value) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+channel_frames = st.one_of(
+    st.binary(max_size=120),  # not a pickle at all, or a truncated one
+    anything.map(_pickled),  # a pickle of something else than a call
+    st.tuples(anything, anything, st.sampled_from(sorted(CLIENT_VERBS)), anything).map(
+        lambda c: _pickled((*c[:3], _pickled(c[3])))  # a call with any arguments
+    ),
+    st.tuples(anything, anything, st.text(max_size=10), st.binary(max_size=60)).map(_pickled),
+)
+
+
+@FUZZ
+@given(frames=st.lists(channel_frames, max_size=6), ticket=st.booleans())
+def test_any_frame_on_a_direct_channel_is_answered_or_ends_its_connection(frames, ticket):
+    """Each frame after a ticket is answered (a frame of its own: run, refused, or not run
+    here) or ends the connection; without a ticket nothing runs; nothing escapes the broker."""
+    from actors.client import channel as ch
+
+    ran: list[str] = []
+
+    async def dispatch(order, method, args):
+        ran.append(method)
+        return args
+
+    async def main() -> _Wire:
+        server = ch.ChannelServer(dispatch, "127.0.0.1")
+        server.tickets["t" * 32] = (time.monotonic(), None)
+        conn, wire = ch._Served(server), _Wire()
+        conn.connection_made(wire)
+        stream = [b"t" * 32] if ticket else []
+        for data in [*stream, *frames]:
+            if wire.closed:
+                break
+            whole = struct.pack("<I", len(data)) + data
+            room = conn.get_buffer(len(whole))
+            while len(room) < len(whole):  # as asyncio reads: what fits, then more room
+                n = len(room)
+                room[:n] = whole[:n]
+                room.release()
+                conn.buffer_updated(n)
+                whole = whole[n:]
+                room = conn.get_buffer(len(whole))
+            room[: len(whole)] = whole
+            room.release()
+            conn.buffer_updated(len(whole))
+        await asyncio.gather(*server.running)
+        conn.connection_lost(None)
+        return wire
+
+    wire = asyncio.run(main())
+    answers = [pickle.loads(sent[4:]) for sent in wire.sent]  # every one a whole frame
+    assert all(status in (ch.OK, ch.ERROR, ch.NOT_HERE) for _, status, _ in answers)
+    if not ticket:
+        assert ran == [] and wire.sent == [] and (wire.closed or not frames)
+    elif not wire.closed:
+        assert len(answers) == len(frames)
+    run_answers = sum(status != ch.NOT_HERE for _, status, _ in answers)
+    # a call that ran is answered, unless its connection ended first (its answer is then
+    # handed to `undelivered`, none here)
+    assert len(ran) == run_answers if not wire.closed else len(ran) >= run_answers
