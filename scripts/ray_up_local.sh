@@ -9,7 +9,8 @@
 #     config, key and token there);
 #   - a head at 127.0.0.2 and a worker at 127.0.0.3, token authentication on;
 #   - checks: both nodes up, a job that runs brokers on both nodes and moves 100 messages between
-#     them, drivers without the token (or with a wrong one) and the job API without it refused,
+#     them, a broker's direct channel port closing connections without a valid ticket, drivers
+#     without the token (or with a wrong one) and the job API without it refused,
 #     `ray down` leaves no Ray process. With --demo, `raybroker demo --orders N` runs as a job too
 #     (Spark on the cluster: Java 17 needed, ~2 more minutes).
 # Prints PASS/FAIL per check and a RESULT line; exits 0 only when every check passed.
@@ -371,6 +372,22 @@ while len(got) < 100:
         break
     got += [m.body for g in groups for m in g.messages if m.message_type == "Ping"]
     b.commit(groups)
+# the worker's broker's direct channel, from the head: a connection that shows no ticket, or a
+# forged one, is closed by the broker without running anything
+import socket  # noqa: E402
+
+host, port, _ticket = ray.get(b.actor.open_channel.remote([None]))
+closed = []
+for first in (b"", b"\x20\x00\x00\x00" + b"0" * 32):
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(first)
+        try:
+            closed.append(s.recv(100) == b"")
+        except ConnectionResetError:
+            closed.append(True)
+        except TimeoutError:
+            closed.append(False)
+print(f"channel: {host}:{port} closed a connection without a ticket: {all(closed)}")
 for broker in (a, b):
     broker.stop(delete_store=True)
 ok = got == [b"%d" % i for i in range(100)]
@@ -389,13 +406,18 @@ else
     submit 300 "$LOGS/job_upcheck.log" "$VENV/bin/python" /root/upcheck.py
     job_rc=$?
     job_s=$(since "$t")
-    grep -E '^(nodes|brokers|messages|UPCHECK):? ' "$LOGS/job_upcheck.log" | sed 's/^/    /'
+    grep -E '^(nodes|brokers|messages|channel|UPCHECK):? ' "$LOGS/job_upcheck.log" | sed 's/^/    /'
     if ((job_rc == 0)) && grep -q '^UPCHECK OK' "$LOGS/job_upcheck.log"; then
         pass "job with token" \
             "$HOW: brokers on $HEAD_IP and $WORKER_IP, 100 messages across in order ($job_s s)"
     else
         fail "job with token" "$HOW: exit status $job_rc ($job_s s)"
         tail_log "$LOGS/job_upcheck.log"
+    fi
+    if grep -q '^channel: .* closed a connection without a ticket: True' "$LOGS/job_upcheck.log"; then
+        pass "channel without ticket" "the worker's broker closed it, and one with a forged ticket"
+    else
+        fail "channel without ticket" "a connection without a valid ticket was not closed"
     fi
 
     # --- 8. The demo as a job (optional) --------------------------------------------------------

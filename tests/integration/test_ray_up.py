@@ -25,6 +25,7 @@ CHECKS = (
     "file_mounts",
     "worker joined",
     "job with token",
+    "channel without ticket",
     "driver without token",
     "driver with a wrong token",
     "ray down",
