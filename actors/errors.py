@@ -12,7 +12,8 @@ from __future__ import annotations
 import reprlib
 
 
-def _rebuild(cls: type, message: str, attrs: dict) -> BrokerError:
+def rebuild_error(cls: type, message: str, attrs: dict) -> BrokerError:
+    """An error as pickled: its class, message and attributes, without its own __init__."""
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(attrs)
@@ -36,7 +37,7 @@ class BrokerError(Exception):
     """Base of every raybroker error."""
 
     def __reduce__(self):  # errors cross Ray by pickle; keep subclasses' own __init__ out of it
-        return _rebuild, (type(self), str(self), dict(self.__dict__))
+        return rebuild_error, (type(self), str(self), dict(self.__dict__))
 
 
 class InvalidArgument(BrokerError, ValueError):

@@ -243,6 +243,7 @@ def _router_set(
         readers=rs.readers,
         progress=progress,
         detached=detached,
+        code_modules=rs.code_modules,
     )
     routers.start(max(rs.replicas, len(running)))  # attaches to the running ones
     if len(running) < rs.replicas:

@@ -8,8 +8,10 @@ under the deploy's data directory, or ":memory:"), lists of `message_types`, `co
 `limits` ({Limits field: value}) and `routes` (create_route's fields plus `table`). A route's
 `broker_instance` is a broker id or, since ids exist only once brokers run, the name of a broker
 in the file (the deploy puts in its id). A router set (seed 000) is what
-`actors.remote.routers.RouterSet` takes. Checking imports no Ray and no user code beyond the
-activation handlers the catalog checks; every error is a TopologyError naming file and entry.
+`actors.remote.routers.RouterSet` takes. Checking imports no Ray and no code a file names: a
+handler or a classifier must be in a module the broker allows (the package's own, or one its
+`limits.code_modules` lists; a router set's own `code_modules` for its classifier), and is
+imported by the broker that runs it. Every error is a TopologyError naming file and entry.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from actors.ddr.router import MODES, RouterConfig, router_contracts
 from actors.errors import BrokerError, TopologyError, shown
 from actors.model import checks
 from actors.model.catalog import Catalog, Contract, MessageType, Service, check_name, from_record
+from actors.model.code_names import check_code_modules, check_code_name
 from actors.model.limits import Limits
 from actors.model.routing import AUTO_LOCAL, Route, check_broker_id, parse_address
 
@@ -156,7 +159,9 @@ def _broker(b: Any, at: str, taken: set[str]) -> BrokerSpec:
     if name in taken:
         _fail(f"{at}.name", f"broker {name!r} is declared twice")
     spec = BrokerSpec(name, str(b.get("storage", ":memory:")))
-    catalog = Catalog()  # checks the definitions in order, as the broker will
+    spec.limits = _limits(b.get("limits"), f"{at}.limits")
+    # checks the definitions in order, as the broker will, importing none of their code
+    catalog = Catalog(Limits.of(spec.limits).code_modules, import_code=False)
     for section, kind in SECTIONS:
         for j, rec in enumerate(_list(b.get(section), f"{at}.{section}")):
             if not isinstance(rec, dict):
@@ -169,7 +174,6 @@ def _broker(b: Any, at: str, taken: set[str]) -> BrokerSpec:
     spec.placement = _placement(b.get("placement"), f"{at}.placement")
     with _at(f"{at}.forwarding"):
         spec.forwarding = checks.flag("forwarding", b.get("forwarding", False))
-    spec.limits = _limits(b.get("limits"), f"{at}.limits")
     seen: dict[tuple[str, str], int] = {}
     for j, rec in enumerate(_list(b.get("routes"), f"{at}.routes")):
         route = _route(rec, f"{at}.routes[{j}]", spec)
@@ -381,6 +385,10 @@ def _router_set(
     with _at(f"{at}.contracts"):
         accepted = router_contracts(name, target_services, given)
     _check_contracts(at, name, accepted, targets, initiators, by_name)
+    with _at(f"{at}.code_modules"):
+        code_modules = check_code_modules(rec.get("code_modules", []))
+    with _at(f"{at}.classifier"):
+        check_code_name(classifier, code_modules)  # allowed; imported by the replicas only
     with _at(at):
         RouterConfig(service, tuple(targets), classifier, mode, options)
     return RouterSetSpec(
@@ -396,6 +404,7 @@ def _router_set(
         contracts=None if given is None else tuple(given),
         readers=readers,
         storage_dir=storage_dir,
+        code_modules=code_modules,
     )
 
 

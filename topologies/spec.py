@@ -94,6 +94,7 @@ class RouterSetSpec:
     contracts: tuple[str, ...] | None = None  # None: the union of the targets' contracts
     readers: int = 2
     storage_dir: str | None = None  # None: the deploy's data directory
+    code_modules: tuple[str, ...] = ()  # where the classifier may be (RouterSet's code_modules)
 
     @property
     def config(self) -> RouterConfig:

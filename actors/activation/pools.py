@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from actors.activation.policy import PoolPolicy
 from actors.activation.reader import ReaderPort, read_until_idle
-from actors.errors import ReaderLost
-from actors.model.catalog import Activation
-from actors.model.code_names import resolve_handler
+from actors.errors import InvalidDefinition, ReaderLost
+from actors.model.catalog import Activation, activation_code
+from actors.model.code_names import check_code_name, import_code
 from actors.model.limits import Limits
 
 log = logging.getLogger("raybroker")
@@ -67,6 +67,7 @@ class ReaderPools:
     ) -> None:
         self.host = host
         self.launcher = launcher
+        self.code_modules = limits.code_modules  # where its handlers may be
         self.policy = PoolPolicy(time.monotonic, limits)
         self.pools: dict[str, _Pool] = {}
         self._scheduled: set[str] = set()
@@ -130,6 +131,12 @@ class ReaderPools:
     def _start(self, queue: str, act: Activation, pool: _Pool) -> None:
         internal = act.placement == "internal" or self.launcher is None
         rid = f"{queue}/{'internal' if internal else act.placement}-{next(self._ids)}"
+        try:  # a definition from before its module was allowed (or since disallowed) runs not
+            for path in activation_code(act):
+                check_code_name(path, self.code_modules)
+        except InvalidDefinition as exc:
+            self._failed(queue, rid, exc)
+            return
         if internal:
             task = asyncio.ensure_future(self._run_internal(queue, act, rid))
         else:
@@ -147,7 +154,7 @@ class ReaderPools:
 
     async def _run_internal(self, queue: str, act: Activation, rid: str) -> None:
         try:
-            handler = resolve_handler(act.handler)
+            handler = import_code(act.handler)  # checked by _start
             stats = await read_until_idle(
                 self.host.reader_port(), queue, act, handler, time.monotonic, rid
             )

@@ -48,22 +48,29 @@ class LocalBroker(Verbs):
             target=self.loop.run_forever, name=f"raybroker-{name}", daemon=True
         )
         self._thread.start()
-        start: concurrent.futures.Future | None = None
+        # made before the start is scheduled, so a Ctrl-C anywhere below finds it (one landing
+        # inside run_coroutine_threadsafe, after the start began, would leave no future to wait on)
+        start: concurrent.futures.Future = concurrent.futures.Future()
         try:
-            start = asyncio.run_coroutine_threadsafe(
-                _start(name, path, durability, limits, metrics), self.loop
-            )
+            coro = _start(name, path, durability, limits, metrics)
+            self.loop.call_soon_threadsafe(_run_into, start, coro)
             self.service: BrokerService = _result(start)
         except BaseException:
             self._close_started(start)
             raise
         self.aio = AsyncLocalBroker(self)
 
-    def _close_started(self, start: concurrent.futures.Future | None) -> None:
+    def _close_started(self, start: concurrent.futures.Future) -> None:
         """The start failed, or its caller left it (Ctrl-C): the start runs on to its end on the
         broker's thread whatever the caller does, so wait for it and close what it opened (the
         store and its lock); otherwise the store would stay locked by this process."""
         service = None
+        # the loop runs its callbacks in order: once this one has run, a start that was
+        # scheduled is running (or done), and one that is not was never scheduled
+        with contextlib.suppress(BaseException):
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.loop).result(30)
+        if not (start.running() or start.done()):
+            start = None  # type: ignore[assignment]
         while start is not None:
             try:
                 service = start.result()
@@ -194,6 +201,24 @@ def _leave(
 ) -> None:
     with contextlib.suppress(RuntimeError):  # the loop has closed (stopped meanwhile): gone too
         loop.call_soon_threadsafe(call.leave, give_back)
+
+
+def _run_into(future: concurrent.futures.Future, coro: Coroutine[Any, Any, Any]) -> None:
+    """On the broker's loop: run `coro` as a task whose outcome is `future`'s."""
+    if not future.set_running_or_notify_cancel():
+        coro.close()
+        return
+    task = asyncio.ensure_future(coro)
+
+    def done(t: asyncio.Task) -> None:
+        if t.cancelled():
+            future.set_exception(concurrent.futures.CancelledError())
+        elif t.exception() is not None:
+            future.set_exception(t.exception())  # type: ignore[arg-type]
+        else:
+            future.set_result(t.result())
+
+    task.add_done_callback(done)
 
 
 def _result(future: concurrent.futures.Future) -> Any:

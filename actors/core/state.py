@@ -43,7 +43,7 @@ class BrokerState:
         self.limits = limits
         self.counts = Counts()  # since this start (actors.counters)
         self.broker_id = store.broker_id
-        self.catalog = Catalog()
+        self.catalog = Catalog(limits.code_modules)
         for kind, rec in store.load_catalog():
             self.catalog.add(from_record(kind, rec))
         self.locks = LockTable(limits.lease_s)

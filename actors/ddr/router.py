@@ -28,7 +28,7 @@ from typing import Any
 from actors.calls.envelope import Message, ReceivedGroup
 from actors.errors import InvalidDefinition
 from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, Service
-from actors.model.code_names import resolve_handler
+from actors.model.code_names import import_code, resolve_handler
 from actors.model.dialogs import MAX_ERROR_DESCRIPTION
 from actors.model.names import check_name
 
@@ -61,10 +61,11 @@ class RouterConfig:
         if not isinstance(self.classifier_options, Mapping):
             raise InvalidDefinition("classifier_options must be a dict")
 
-    def check_classifier(self) -> Any:
-        """Import the classifier (InvalidDefinition naming it if it does not import)."""
+    def check_classifier(self, code_modules: Sequence[str] = ()) -> Any:
+        """Import the classifier from a module the replicas allow (InvalidDefinition naming it
+        if it is not allowed or does not import)."""
         try:
-            return resolve_handler(self.classifier)
+            return resolve_handler(self.classifier, code_modules)
         except InvalidDefinition as exc:
             raise InvalidDefinition(f"router classifier: {exc}") from None
 
@@ -215,7 +216,7 @@ def _classify(cfg: RouterConfig, m: Message) -> tuple[str | None, str | None]:
     """(target, None), or (None, why not) in words an operator can act on."""
     who = f"router {cfg.service}: classifier {cfg.classifier}"
     try:
-        fn = cfg.check_classifier()
+        fn = import_code(cfg.classifier)  # checked where it was defined and launched
         options = {"targets": list(cfg.targets), **cfg.classifier_options}
         value = fn(m.body, m.message_type, options)
     except Exception as exc:  # the classifier is user code: any failure ends only this dialog

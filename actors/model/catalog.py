@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -23,10 +23,12 @@ from actors.errors import (
     shown,
 )
 from actors.model.bodies import MAX_DEFINITION_DEPTH, BodyValidator, plain_json_object, too_deep
-from actors.model.code_names import handler_path, resolve_handler
+from actors.model.code_names import check_code_name, handler_path, resolve_handler
 from actors.model.names import check_name
 
 VALIDATIONS = ("none", "empty", "json", "msgpack", "json_schema")
+# a router set's queue handler (actors.ddr.router): its options name a classifier, code too
+ROUTER_HANDLER = "actors.ddr.router:route_messages"
 SIDES = ("initiator", "target", "any")
 
 # System message types, as Service Broker has them. They are never validated, may be sent by
@@ -183,7 +185,11 @@ def check_form(defn: Definition) -> None:
 class Catalog:
     """The definitions one broker holds, with referential checks."""
 
-    def __init__(self) -> None:
+    def __init__(self, code_modules: Sequence[str] = (), import_code: bool = True) -> None:
+        """`code_modules`: where handlers may be, beside the package's own (actors.model.
+        code_names); `import_code`: whether a check imports a handler to see it is there (not
+        when a topology file is only read)."""
+        self.code_modules, self.import_code = tuple(code_modules), import_code
         self.message_types: dict[str, MessageType] = {}
         self.contracts: dict[str, Contract] = {}
         self.queues: dict[str, Queue] = {}
@@ -278,7 +284,7 @@ class Catalog:
                 if not isinstance(getattr(defn, flag), bool):
                     raise InvalidDefinition(f"queue {defn.name!r}: {flag} must be True or False")
             if defn.activation is not None:
-                check_activation(defn.name, defn.activation)
+                check_activation(defn.name, defn.activation, self.code_modules, self.import_code)
         elif isinstance(defn, Service):
             if not isinstance(defn.queue, str):
                 raise InvalidDefinition(
@@ -418,10 +424,27 @@ class Catalog:
         return out
 
 
-def check_activation(queue: str, act: Any) -> None:
+def activation_code(act: Activation) -> list[Any]:
+    """The "module:function" paths an activation names: its handler, and a router queue's
+    classifier (in its options)."""
+    named: list[Any] = [act.handler]
+    if act.handler == ROUTER_HANDLER and isinstance(act.options, Mapping):
+        named.append(act.options.get("classifier"))
+    return named
+
+
+def check_activation(
+    queue: str, act: Any, code_modules: Sequence[str] = (), import_code: bool = True
+) -> None:
+    """An activation's fields, and the code it names (its handler, and a router queue's
+    classifier in its options) in modules the broker allows, imported if `import_code`."""
     if not isinstance(act, Activation):
         raise InvalidDefinition(f"queue {queue!r}: activation must be an Activation, not {act!r}")
-    resolve_handler(act.handler)
+    for path in activation_code(act):
+        if import_code:
+            resolve_handler(path, code_modules)
+        else:
+            check_code_name(path, code_modules)
     for name, low in (("max_readers", 1), ("max_groups", 1)):
         value = getattr(act, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:

@@ -8,6 +8,7 @@ from typing import Any
 
 from actors.errors import InvalidArgument
 from actors.model import checks
+from actors.model.code_names import check_code_modules
 
 _ZERO_OK = frozenset(
     {"read_cache_bytes", "closed_retention_s", "ended_retention_s"}
@@ -44,10 +45,15 @@ class Limits:
     growth_check_s: float = 0.5  # how often a running pool looks at whether its queue grows
     failed_start_backoff_s: float = 5.0  # no new reader for this long after one could not start
     backlog_target_s: float = 2.0  # a backlog the readers would need longer than this wants more
+    # --- code named by definitions (actors.model.code_names) ---
+    code_modules: tuple[str, ...] = ()  # modules or packages handlers and classifiers may be in
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "code_modules", check_code_modules(self.code_modules))
         for f in fields(self):
             value, what, zero = getattr(self, f.name), f"limit {f.name}", f.name in _ZERO_OK
+            if f.name == "code_modules":
+                continue
             if f.type in (int, "int"):
                 checks.whole(what, value, least=0 if zero else 1)
             else:

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from actors.client.channel import PORTS_ENV, ChannelRefused, ChannelServer, channel_ports
+from actors.calls.frames import ChannelRefused
 from actors.errors import BrokerError, InvalidArgument
 from actors.model.limits import Limits
 from actors.remote.client import direct_allowed
@@ -24,6 +24,7 @@ from actors.remote.metrics import RayMetrics
 from actors.remote.peers import RayPeers
 from actors.remote.pools import RayReaderLauncher
 from actors.service.broker import BrokerService
+from actors.service.channel import PORTS_ENV, ChannelServer, channel_ports
 
 log = logging.getLogger("raybroker")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from actors.activation import read_until_idle
 from actors.model.catalog import Activation
-from actors.model.code_names import resolve_handler
+from actors.model.code_names import import_code
 from actors.remote.client import lock_holder
 
 
@@ -26,7 +26,7 @@ class ReaderActor:
 
     async def run(self, queue: str, reader_id: str, activation: dict[str, Any]) -> dict[str, Any]:
         act = Activation(**activation)
-        handler = resolve_handler(act.handler)
+        handler = import_code(act.handler)  # its broker checked it (ReaderPools._start)
         stats = await read_until_idle(
             self.broker.aio, queue, act, handler, time.monotonic, reader_id
         )

@@ -19,11 +19,19 @@ from typing import Any
 
 from actors.ddr import RouterConfig, router_contracts
 from actors.errors import BrokerUnavailable, InvalidDefinition
-from actors.model.catalog import Activation, Contract, MessageType, Queue, Service, from_record
+from actors.model.catalog import (
+    ROUTER_HANDLER,
+    Activation,
+    Contract,
+    MessageType,
+    Queue,
+    Service,
+    from_record,
+)
 from actors.remote.client import Broker
 from actors.remote.factory import start_broker
 
-HANDLER = "actors.ddr.router:route_messages"
+HANDLER = ROUTER_HANDLER
 ROUTER_QUEUE = "RouterQueue"
 DRAIN_TIMEOUT_S = 300.0
 
@@ -35,7 +43,9 @@ class RouterSet:
     with `config.service`) and `targets` ({target service: the broker hosting it}).
 
     `contracts`: the contracts the routing service accepts; by default the union of the targets'
-    contracts (seed 000's first assumption). Given explicitly, they must cover that union."""
+    contracts (seed 000's first assumption). Given explicitly, they must cover that union.
+    `code_modules`: where the classifier may be, beside the package's own (the replicas' limit
+    code_modules, actors.model.code_names)."""
 
     def __init__(
         self,
@@ -50,8 +60,10 @@ class RouterSet:
         readers: int = 2,
         progress: Progress = lambda s: None,
         detached: bool = False,
+        code_modules: Sequence[str] = (),
     ) -> None:
         self.name, self.config, self.store_dir = name, config, store_dir
+        self.code_modules = tuple(code_modules)
         self.initiators, self.initiator_services = list(initiators), list(initiator_services)
         self.targets = dict(targets)
         self.readers, self.progress = readers, progress
@@ -61,7 +73,7 @@ class RouterSet:
             raise InvalidDefinition(
                 f"router set {name!r}: no broker given for target service(s) {sorted(missing)}"
             )
-        config.check_classifier()  # a classifier that does not import is refused now
+        config.check_classifier(self.code_modules)  # not allowed, or not there: refused now
         self.definitions = self._target_definitions()
         self.contracts = router_contracts(name, self.definitions["services"], contracts)
         self.replicas: dict[str, Broker] = {}
@@ -108,7 +120,10 @@ class RouterSet:
         name = f"{self.name}-{self._next}"
         self._next += 1
         b = start_broker(
-            name, os.path.join(self.store_dir, f"{name}.sqlite"), detached=self.detached
+            name,
+            os.path.join(self.store_dir, f"{name}.sqlite"),
+            detached=self.detached,
+            limits={"code_modules": list(self.code_modules)} if self.code_modules else None,
         )
         existing = {(k, r["name"]) for k, r in b.definitions()}
         for defn in [*self.definitions["types"], *self.definitions["contracts"]]:
@@ -191,7 +206,7 @@ class RouterSet:
         """Change the classifier, its options or the mode while the set runs (readers pick the
         new configuration up at once)."""
         config = replace(self.config, **changes)
-        config.check_classifier()
+        config.check_classifier(self.code_modules)
         for b in self.replicas.values():
             b.alter(Queue, ROUTER_QUEUE, activation={"options": config.options()})
         self.config = config

@@ -29,6 +29,7 @@ os.environ.setdefault("RAYBROKER_QUIET", "1")  # actor logs stay in Ray's log fi
 
 
 ROOT = Path(__file__).resolve().parents[2]
+TEST_CODE = ("tests",)  # code_modules of the suite's brokers: its handlers are in tests/
 
 
 def in_own_process(
@@ -74,10 +75,12 @@ def broker(request, tmp_path) -> BrokerHandle:
     """A broker actor; a test marked `@on_both` runs once with it and once with an in-process
     `LocalBroker` (same verbs, no Ray), so one scenario suite covers both handles."""
     if getattr(request, "param", "ray") == "local":
-        b = LocalBroker(f"local-{uuid.uuid4().hex[:10]}", str(tmp_path / "local.sqlite"))
+        path = str(tmp_path / "local.sqlite")
+        b = LocalBroker(f"local-{uuid.uuid4().hex[:10]}", path, code_modules=TEST_CODE)
         request.addfinalizer(b.stop)
         return b
-    return request.getfixturevalue("make_broker")()
+    # the suite's own handlers (tests.integration.activation_handlers) may run on it
+    return request.getfixturevalue("make_broker")(limits={"code_modules": list(TEST_CODE)})
 
 
 on_both = pytest.mark.parametrize("broker", ["local", "ray"], indirect=True)

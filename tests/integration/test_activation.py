@@ -17,6 +17,7 @@ from .activation_handlers import RECORDER, RECORDER_NAMESPACE, Recorder
 
 COUNT = "actors.activation.handlers:count_in_order"
 SLOW_COUNT = "actors.activation.handlers:slow_count"
+HANDLERS = "tests.integration.activation_handlers"
 
 
 def define(broker, activation: Activation | None, poison_limit: int = 5) -> None:
@@ -240,3 +241,20 @@ def test_a_bad_activation_is_refused_when_the_queue_is_configured(broker, activa
     with pytest.raises(InvalidDefinition):
         broker.alter(Queue, "WorkQueue", activation=activation)
     assert broker.definitions() == before
+
+
+def test_a_handler_outside_the_brokers_code_modules_is_refused_and_nothing_changes(make_broker):
+    """Any client can send a definition: a broker runs only code from modules its operator
+    allowed (its limit code_modules, beside the package's own)."""
+    plain = make_broker()
+    for handler in ("tests.integration.activation_handlers:hang", "os:system"):
+        with pytest.raises(InvalidDefinition, match="which this broker does not allow"):
+            plain.create(Queue("WorkQueue", activation=Activation(handler)))
+    assert "WorkQueue" not in plain.queues()
+    allowed = make_broker(limits={"code_modules": ["tests.integration"]})
+    allowed.create(Queue("WorkQueue", activation=Activation(SLOW_COUNT)))
+    allowed.alter(Queue, "WorkQueue", activation=Activation(f"{HANDLERS}:hang"))
+    with pytest.raises(InvalidDefinition, match="which this broker does not allow"):
+        allowed.alter(Queue, "WorkQueue", activation=Activation("subprocess:run"))
+    [queue] = [r for kind, r in allowed.definitions() if kind == "queue"]
+    assert queue["activation"]["handler"] == f"{HANDLERS}:hang"

@@ -20,6 +20,7 @@ from actors.errors import InvalidDefinition
 from actors.model.catalog import END_DIALOG, ERROR, REDIRECT
 from actors.remote.client import Broker
 from actors.remote.routers import ROUTER_QUEUE, RouterSet
+from tests.integration.conftest import TEST_CODE
 from tests.polling import wait_until
 
 REGIONS = ("EU", "US", "APAC", "LATAM")
@@ -48,7 +49,11 @@ def regions(ray_session, tmp_path_factory) -> Iterator[dict[str, Broker]]:
     tag = uuid.uuid4().hex[:6]
     targets = {}
     for r in REGIONS:
-        b = start_broker(f"sales{r}-{tag}", str(folder / f"sales{r}.sqlite"))
+        b = start_broker(
+            f"sales{r}-{tag}",
+            str(folder / f"sales{r}.sqlite"),
+            limits={"code_modules": list(TEST_CODE)},
+        )
         define_sales(b, target=f"Sales{r}")
         targets[f"Sales{r}"] = b
     yield targets

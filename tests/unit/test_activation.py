@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -29,11 +30,20 @@ from actors.errors import (
     LockNotHeld,
     ReaderRetired,
 )
-from actors.model.catalog import Activation, Catalog, Queue, from_record, to_record
-from actors.model.code_names import handler_path, resolve_handler
+from actors.model.catalog import (
+    ROUTER_HANDLER,
+    Activation,
+    Catalog,
+    Queue,
+    from_record,
+    to_record,
+)
+from actors.model.code_names import check_code_name, handler_path, resolve_handler
+from actors.model.limits import Limits
 from tests.unit import activation_handlers
 
 COUNT = "actors.activation.handlers:count_in_order"
+TESTS = ("tests",)  # the code_modules these tests' brokers allow: their handlers are in tests
 
 
 # --- a reader port over a real BrokerCore ------------------------------------------------------
@@ -442,7 +452,7 @@ def test_a_reader_takes_up_to_max_groups_per_receive_and_commits_them_with_the_n
 
 def test_a_reader_handler_output_commits_with_the_next_receive(core, core_clock, open_dialog):
     d = open_dialog(core, bodies=[b"a"])
-    handler = resolve_handler("tests.unit.activation_handlers:reply_end_and_forward")
+    handler = resolve_handler("tests.unit.activation_handlers:reply_end_and_forward", TESTS)
 
     stats = read(CorePort(core, core_clock), "TargetQ", Activation(COUNT, idle_timeout=1), handler)
 
@@ -461,7 +471,7 @@ def test_a_handler_that_always_raises_poisons_the_queue_and_the_reader_stops_que
     act = Activation("tests.unit.activation_handlers:always_fail", idle_timeout=30)
     port = CorePort(core, core_clock)
 
-    stats = read(port, "PoisonQ", act, resolve_handler(act.handler))
+    stats = read(port, "PoisonQ", act, resolve_handler(act.handler, TESTS))
 
     assert stats.reason == "QueueDisabled"
     assert (stats.handled, stats.failed, stats.turns) == (0, 3, 3)
@@ -483,7 +493,7 @@ def test_a_group_whose_output_is_refused_rolls_back_while_the_others_of_its_turn
     act = Activation("tests.unit.activation_handlers:reply_or_misbehave", idle_timeout=30)
     port = CorePort(core, core_clock)
 
-    stats = read(port, "TargetQ", act, resolve_handler(act.handler))
+    stats = read(port, "TargetQ", act, resolve_handler(act.handler, TESTS))
 
     # first turn: the joint settle is refused, then group by group
     first, lock_of = port.settles[0], {}
@@ -648,7 +658,7 @@ def test_an_activation_given_a_module_level_function_keeps_its_import_path():
     act = Activation(count_in_order)
 
     assert act.handler == COUNT
-    assert resolve_handler(act.handler) is count_in_order
+    assert resolve_handler(act.handler, ()) is count_in_order
     assert handler_path(activation_handlers.always_fail) == (
         "tests.unit.activation_handlers:always_fail"
     )
@@ -656,9 +666,9 @@ def test_an_activation_given_a_module_level_function_keeps_its_import_path():
 
 def test_a_handler_named_by_its_module_before_the_move_still_resolves():
     # a queue an earlier release stored names the sample handlers' old module
-    assert resolve_handler("actors.handlers:count_in_order") is count_in_order
+    assert resolve_handler("actors.handlers:count_in_order", ()) is count_in_order
     with pytest.raises(InvalidDefinition, match="does not import"):
-        resolve_handler("actors.handlers:no_such_handler")
+        resolve_handler("actors.handlers:no_such_handler", ())
 
 
 def test_an_activation_has_the_documented_defaults():
@@ -708,7 +718,7 @@ def test_an_activation_refuses_a_bound_method_handler():
         pytest.param("actors.activation.handlers", id="no colon"),
         pytest.param("actors:handlers:discard", id="two colons"),
         pytest.param(42, id="not a string"),
-        pytest.param("no_such_module_xyz:handler", id="module does not import"),
+        pytest.param("tests.no_such_module_xyz:handler", id="module does not import"),
         pytest.param("actors.activation.handlers:no_such_handler", id="no such function"),
         pytest.param("actors.activation.handlers:", id="empty function name"),
         pytest.param("tests.unit.activation_handlers:NOT_A_FUNCTION", id="not callable"),
@@ -716,19 +726,59 @@ def test_an_activation_refuses_a_bound_method_handler():
 )
 def test_resolve_handler_refuses_a_path_that_does_not_give_a_callable(path):
     with pytest.raises(InvalidDefinition):
-        resolve_handler(path)
+        resolve_handler(path, TESTS)
 
 
 def test_resolve_handler_follows_dotted_attributes():
-    assert resolve_handler("tests.unit.activation_handlers:Counter.handle") is (
+    assert resolve_handler("tests.unit.activation_handlers:Counter.handle", TESTS) is (
         activation_handlers.Counter.handle
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("os:system", ()),
+        ("subprocess:run", ("tests",)),
+        ("tests.unit.activation_handlers:always_fail", ()),  # not allowed by default
+        ("tests.unit.activation_handlers:always_fail", ("tests.unit.activation",)),  # a prefix
+        ("actors.tools.cli:main", ()),  # the package's own, but not a handler module
+        ("testsuite.x:f", ("tests",)),  # a name that only starts like an allowed one
+    ],
+)
+def test_code_is_named_only_in_modules_the_broker_allows_and_checking_imports_nothing(
+    path, allowed
+):
+    with pytest.raises(InvalidDefinition, match="which this broker does not allow"):
+        check_code_name(path, allowed)
+    with pytest.raises(InvalidDefinition, match="which this broker does not allow"):
+        resolve_handler(path, allowed)
+    assert check_code_name("tests.unit.activation_handlers:always_fail", ["tests"]) == (
+        "tests.unit.activation_handlers"
+    )
+    # a queue (or a router's classifier in its options) naming it is refused; a file that only
+    # names an allowed module is not imported while it is checked
+    with pytest.raises(InvalidDefinition, match="does not allow"):
+        Catalog(allowed).check_valid(Queue("Q", activation=Activation(path)))
+    router = Activation(ROUTER_HANDLER, options={"classifier": path})
+    with pytest.raises(InvalidDefinition, match="does not allow"):
+        Catalog(allowed).check_valid(Queue("R", activation=router))
+    unimported = Activation("tests.never_imported_xyz:f")
+    Catalog(["tests"], import_code=False).check_valid(Queue("Q", activation=unimported))
+    assert "tests.never_imported_xyz" not in sys.modules
+
+
+def test_a_brokers_code_modules_are_module_names():
+    assert Limits.of({"code_modules": ["tests", "my.pkg"]}).code_modules == ("tests", "my.pkg")
+    for bad in ("tests", ["no spaces"], [3], ["a..b"]):
+        with pytest.raises(InvalidArgument, match="code_modules"):
+            Limits.of({"code_modules": bad})
 
 
 def checked(**fields) -> Queue:
     """A queue with this activation, through Catalog.check_valid (raises if refused)."""
     q = Queue("ActQ", activation=Activation(**{"handler": COUNT, **fields}))
-    Catalog().check_valid(q)
+    Catalog(TESTS).check_valid(q)
     return q
 
 
@@ -750,7 +800,8 @@ def test_check_valid_accepts_a_queue_with_a_sound_activation(fields):
 @pytest.mark.parametrize(
     "fields",
     [
-        pytest.param({"handler": "no_such_module_xyz:f"}, id="handler does not import"),
+        pytest.param({"handler": "tests.no_such_module_xyz:f"}, id="handler does not import"),
+        pytest.param({"handler": "os:system"}, id="handler in a module not allowed"),
         pytest.param({"handler": "actors.activation.handlers:missing"}, id="handler missing"),
         pytest.param(
             {"handler": "tests.unit.activation_handlers:NOT_A_FUNCTION"}, id="not callable"

@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.calls import frames
 from actors.client import channel as ch
 from actors.errors import InvalidArgument
+from actors.service import channel as srv
 from tests.polling import apoll, wait_until
 
 
@@ -51,11 +53,11 @@ class Broker:
         return (method, args)
 
 
-async def _server(broker: Broker) -> ch.ChannelServer:
-    return ch.ChannelServer(broker.dispatch, "127.0.0.1")
+async def _server(broker: Broker) -> srv.ChannelServer:
+    return srv.ChannelServer(broker.dispatch, "127.0.0.1")
 
 
-async def _channel(server: ch.ChannelServer, handle=None, token=None) -> ch.Channel:
+async def _channel(server: srv.ChannelServer, handle=None, token=None) -> ch.Channel:
     async def opener():
         return await server.ticket(handle)
 
@@ -226,7 +228,7 @@ def test_a_call_whose_answer_cannot_be_sent_is_handed_to_undelivered():
     async def main():
         broker = Broker()
         lost = []
-        server = ch.ChannelServer(broker.dispatch, "127.0.0.1", lambda *a: lost.append(a))
+        server = srv.ChannelServer(broker.dispatch, "127.0.0.1", lambda *a: lost.append(a))
         channel = await _channel(server)
         pending = channel.send(("c", 0, 0), "slow", ("took",))
         await apoll(lambda: broker.seen, "the call at the broker")
@@ -247,7 +249,7 @@ class OpenTransport:
         return False
 
 
-class Collected(ch._Framed):
+class Collected(frames.Framed):
     """Frames as a connection reads them, without a connection."""
 
     def __init__(self) -> None:
@@ -259,7 +261,7 @@ class Collected(ch._Framed):
         self.frames.append(data)
 
 
-def _feed(framed: ch._Framed, stream: bytes, cuts: list[int]) -> None:
+def _feed(framed: frames.Framed, stream: bytes, cuts: list[int]) -> None:
     """Hand `stream` to `framed` as asyncio's socket reads would: into its own buffer, in reads
     of at most the sizes in `cuts` (then what is left)."""
     at = 0
@@ -276,10 +278,10 @@ def _feed(framed: ch._Framed, stream: bytes, cuts: list[int]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(
     bodies=st.lists(
-        st.one_of(st.binary(max_size=300), st.integers(0, 3 * ch.READ_BYTES).map(bytes)),
+        st.one_of(st.binary(max_size=300), st.integers(0, 3 * frames.READ_BYTES).map(bytes)),
         max_size=12,
     ),
-    cuts=st.lists(st.integers(1, 2 * ch.READ_BYTES), max_size=40),
+    cuts=st.lists(st.integers(1, 2 * frames.READ_BYTES), max_size=40),
 )
 def test_frames_come_out_whole_and_in_order_however_the_stream_is_cut(bodies, cuts):
     framed = Collected()
@@ -287,14 +289,14 @@ def test_frames_come_out_whole_and_in_order_however_the_stream_is_cut(bodies, cu
     _feed(framed, stream, cuts)
     assert framed.frames == bodies
     assert framed._start == framed._end == 0  # nothing left over, and a large frame's room
-    assert len(framed._buf) <= ch.KEEP_BYTES  # is not kept once it is read
+    assert len(framed._buf) <= frames.KEEP_BYTES  # is not kept once it is read
 
 
 def test_large_and_many_small_calls_travel_on_one_connection():
     async def main():
         server = await _server(Broker())
         channel = await _channel(server)
-        big = bytes(range(256)) * (3 * ch.READ_BYTES // 256 + 7)  # several buffers' worth
+        big = bytes(range(256)) * (3 * frames.READ_BYTES // 256 + 7)  # several buffers' worth
         args = [(big if i % 50 == 7 else i,) for i in range(400)]
         answers = await asyncio.gather(
             *(channel.send(("c", i, 0), "apply", a) for i, a in enumerate(args))
@@ -308,7 +310,7 @@ def test_large_and_many_small_calls_travel_on_one_connection():
 
 
 def test_before_its_ticket_a_connection_may_not_send_a_large_frame(monkeypatch):
-    monkeypatch.setattr(ch, "CONNECT_S", 60.0)  # so only the frame's size can close it soon
+    monkeypatch.setattr(srv, "CONNECT_S", 60.0)  # so only the frame's size can close it soon
 
     async def main():
         server = await _server(Broker())
@@ -459,7 +461,7 @@ def test_a_call_naming_code_is_not_run_nor_anything_imported(tmp_path):
         ("builtins", "eval"),
         ("builtins", "getattr"),
         ("subprocess", "Popen"),
-        ("actors.client.channel", "loads"),  # a function of the project's own
+        ("actors.calls.frames", "loads"),  # a function of the project's own
         ("actors.client.local", "LocalBroker"),  # a class of its own that is not a value
         ("actors.model.catalog", "Queue.__init__"),  # a dotted path into one
         ("actors.not_a_module", "Thing"),  # a module not loaded is not imported
@@ -469,7 +471,7 @@ def test_a_frame_may_not_name_functions_or_classes_that_are_not_plain_values(mod
     import actors.client.local  # noqa: F401 (loaded: refused for what it is, not as unknown)
 
     with pytest.raises(pickle.UnpicklingError, match="may not travel on a direct channel"):
-        ch.wire_class(module, name)
+        frames.wire_class(module, name)
     assert "actors.not_a_module" not in sys.modules
 
 
@@ -479,9 +481,9 @@ def test_a_frame_may_carry_the_projects_value_types_and_plain_builtins():
     from actors.errors import InvalidArgument
 
     values = (Queue("Q", activation=Activation("m:f")), Message, InvalidArgument("x"), {1, 2})
-    assert repr(ch.loads(pickle.dumps(values, protocol=5))) == repr(values)
-    assert ch.wire_class("builtins", "ValueError") is ValueError
-    assert ch.wire_class("builtins", "frozenset") is frozenset
+    assert repr(frames.loads(pickle.dumps(values, protocol=5))) == repr(values)
+    assert frames.wire_class("builtins", "ValueError") is ValueError
+    assert frames.wire_class("builtins", "frozenset") is frozenset
 
 
 async def _raw_client(broker: Broker):
@@ -515,7 +517,7 @@ def test_a_ticket_is_refused_once_it_is_older_than_ticket_s(monkeypatch):
         broker = Broker()
         server = await _server(broker)
         host, port, ticket = await server.ticket(None)
-        monkeypatch.setattr(ch, "TICKET_S", 0.0)  # expired by the time it is shown
+        monkeypatch.setattr(srv, "TICKET_S", 0.0)  # expired by the time it is shown
 
         async def stale():
             return host, port, ticket
@@ -547,10 +549,10 @@ def test_connections_without_a_ticket_are_capped_per_source_and_a_ticket_holder_
         loop = asyncio.get_running_loop()
         flood = [
             await loop.run_in_executor(None, _connect_from, "127.0.0.2", server.port)
-            for _ in range(ch.UNTICKETED_PER_SOURCE + 10)
+            for _ in range(srv.UNTICKETED_PER_SOURCE + 10)
         ]
         await apoll(lambda: server.refused == 10, "the connections past the cap refused")
-        assert server.unticketed == {"127.0.0.2": ch.UNTICKETED_PER_SOURCE}
+        assert server.unticketed == {"127.0.0.2": srv.UNTICKETED_PER_SOURCE}
         channel = await _channel(server)  # from 127.0.0.1, with its ticket
         answer = await channel.send(("c", 0, 0), "apply", (1,))
         for s in flood:
@@ -564,7 +566,7 @@ def test_connections_without_a_ticket_are_capped_per_source_and_a_ticket_holder_
 
 
 def test_connections_without_a_ticket_are_capped_in_all(monkeypatch):
-    monkeypatch.setattr(ch, "UNTICKETED_PER_SOURCE", 1000)
+    monkeypatch.setattr(srv, "UNTICKETED_PER_SOURCE", 1000)
 
     async def main():
         server = await _server(Broker())
@@ -572,7 +574,7 @@ def test_connections_without_a_ticket_are_capped_in_all(monkeypatch):
         loop = asyncio.get_running_loop()
         flood = [
             await loop.run_in_executor(None, _connect_from, "127.0.0.3", server.port)
-            for _ in range(ch.UNTICKETED_MAX + 5)
+            for _ in range(srv.UNTICKETED_MAX + 5)
         ]
         await apoll(lambda: server.refused == 5, "the connections past the cap refused")
         held = sum(server.unticketed.values())
@@ -581,24 +583,24 @@ def test_connections_without_a_ticket_are_capped_in_all(monkeypatch):
         server.close()
         return held
 
-    assert asyncio.run(main()) == ch.UNTICKETED_MAX
+    assert asyncio.run(main()) == srv.UNTICKETED_MAX
 
 
 def test_a_frame_is_bounded_by_max_call_bytes_and_its_buffer_grows_as_it_arrives():
     class Limited(Collected):
-        max_frame = 10_000 + ch.FRAME_SLACK
+        max_frame = 10_000 + frames.FRAME_SLACK
 
     framed = Limited()
     framed.transport = Closing()
     _feed(framed, struct.pack("<I", 512 << 20) + b"x" * 1000, [])  # claims half a gigabyte
     assert framed.transport.closed and not framed.frames
-    assert len(framed._buf) <= ch.READ_BYTES  # nothing allocated for what did not come
+    assert len(framed._buf) <= frames.READ_BYTES  # nothing allocated for what did not come
 
     framed = Limited()
-    _feed(framed, struct.pack("<I", ch.FRAME_SLACK) + b"y" * 100_000, [])  # allowed, part sent
+    _feed(framed, struct.pack("<I", frames.FRAME_SLACK) + b"y" * 100_000, [])  # allowed, part sent
     assert not framed.frames and len(framed._buf) < 4 * 100_000
-    server = ch.ChannelServer(Broker().dispatch, "127.0.0.1", max_call_bytes=10_000)
-    assert server.max_frame == 10_000 + ch.FRAME_SLACK
+    server = srv.ChannelServer(Broker().dispatch, "127.0.0.1", max_call_bytes=10_000)
+    assert server.max_frame == 10_000 + frames.FRAME_SLACK
 
 
 class Closing(OpenTransport):
@@ -653,23 +655,23 @@ async def _settled(value, quiet_s: float = 0.5):
 
 
 def test_the_channel_port_comes_from_the_operators_range():
-    assert ch.channel_ports(None) == range(0, 1) and ch.channel_ports(" ") == range(0, 1)
-    assert ch.channel_ports("7100") == range(7100, 7101)
-    assert ch.channel_ports("7100-7199") == range(7100, 7200)
+    assert srv.channel_ports(None) == range(0, 1) and srv.channel_ports(" ") == range(0, 1)
+    assert srv.channel_ports("7100") == range(7100, 7101)
+    assert srv.channel_ports("7100-7199") == range(7100, 7200)
     for bad in ("x", "0", "7200-7100", "70000", "1-2-3"):
         with pytest.raises(InvalidArgument, match="RAYBROKER_CHANNEL_PORTS must be a port"):
-            ch.channel_ports(bad)
+            srv.channel_ports(bad)
 
     async def main():
         taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = ch.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(port, port + 1))
+        server = srv.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(port, port + 1))
         with pytest.raises(ch.ChannelRefused, match="no port of"):
             await server.ticket(None)
         free = _free_port()
-        server = ch.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(free, free + 1))
+        server = srv.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(free, free + 1))
         _, got, _ = await server.ticket(None)
         server.close()
         taken.close()

@@ -430,7 +430,8 @@ channel_frames = st.one_of(
 def test_any_frame_on_a_direct_channel_is_answered_or_ends_its_connection(frames, ticket):
     """Each frame after a ticket is answered (a frame of its own: run, refused, or not run
     here) or ends the connection; without a ticket nothing runs; nothing escapes the broker."""
-    from actors.client import channel as ch
+    from actors.calls import frames as fr
+    from actors.service import channel as srv
 
     ran: list[str] = []
 
@@ -439,9 +440,9 @@ def test_any_frame_on_a_direct_channel_is_answered_or_ends_its_connection(frames
         return args
 
     async def main() -> _Wire:
-        server = ch.ChannelServer(dispatch, "127.0.0.1")
+        server = srv.ChannelServer(dispatch, "127.0.0.1")
         server.tickets["t" * 32] = (time.monotonic(), None)
-        conn, wire = ch._Served(server), _Wire()
+        conn, wire = srv._Served(server), _Wire()
         conn.connection_made(wire)
         stream = [b"t" * 32] if ticket else []
         for data in [*stream, *frames]:
@@ -465,12 +466,12 @@ def test_any_frame_on_a_direct_channel_is_answered_or_ends_its_connection(frames
 
     wire = asyncio.run(main())
     answers = [pickle.loads(sent[4:]) for sent in wire.sent]  # every one a whole frame
-    assert all(status in (ch.OK, ch.ERROR, ch.NOT_HERE) for _, status, _ in answers)
+    assert all(status in (fr.OK, fr.ERROR, fr.NOT_HERE) for _, status, _ in answers)
     if not ticket:
         assert ran == [] and wire.sent == [] and (wire.closed or not frames)
     elif not wire.closed:
         assert len(answers) == len(frames)
-    run_answers = sum(status != ch.NOT_HERE for _, status, _ in answers)
+    run_answers = sum(status != fr.NOT_HERE for _, status, _ in answers)
     # a call that ran is answered, unless its connection ended first (its answer is then
     # handed to `undelivered`, none here)
     assert len(ran) == run_answers if not wire.closed else len(ran) >= run_answers

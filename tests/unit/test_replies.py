@@ -10,9 +10,10 @@ import pickle
 
 import pytest
 
+from actors.calls import frames
 from actors.calls.envelope import NOTHING_RECEIVED, unpack_received
-from actors.client import channel as ch
 from actors.errors import InvalidArgument
+from actors.service import channel as srv
 from actors.service.replies import KEEP_S, Replies, took
 
 TOOK = b"groups"  # stands for a receive's answer that took something
@@ -226,13 +227,13 @@ def test_a_receive_whose_answer_was_lost_on_the_wire_gets_it_again(broker):
 
     async def main():
         service = await broker()
-        server = ch.ChannelServer(service.dispatch, "127.0.0.1", service.undelivered)
+        server = srv.ChannelServer(service.dispatch, "127.0.0.1", service.undelivered)
         host, port, ticket = await server.ticket(None)
         reader, writer = await asyncio.open_connection(host, port)
         order = ("client-1", 0, 0)
         args = ("T", 0.0, OPTIONS, OWNER, None, None)
         call = (1, order, "receive", pickle.dumps(args))
-        writer.write(ch._LENGTH.pack(len(ticket)) + ticket.encode() + ch._frame(call))
+        writer.write(frames.LENGTH.pack(len(ticket)) + ticket.encode() + frames.frame(call))
         head = await asyncio.wait_for(reader.readexactly(4), 5)  # the answer is on the wire
         await reader.readexactly(int.from_bytes(head, "little"))
         writer.close()  # ... and never reaches the caller

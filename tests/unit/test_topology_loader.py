@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import glob
 import math
+import sys
 import uuid
 from typing import Any
 
@@ -50,7 +51,8 @@ def test_the_priority_example_loads_with_two_activated_queues_of_different_sizes
                     }
                 ]
             },
-            "brokers[0].queues[0]: handler 'no.such:thing' does not import",
+            "brokers[0].queues[0]: handler 'no.such:thing' is in module 'no.such', which this "
+            "broker does not allow",
         ),
         (
             {"brokers": [{"name": "b", "queues": [{"name": "Q", "poison_limit": -1}]}]},
@@ -593,10 +595,14 @@ def test_two_router_sets_may_not_share_a_name_or_a_service():
 def test_a_router_set_loads_without_importing_its_classifier_and_routes_may_name_its_service():
     doc = sales(classifier="no_such_package.classifiers:by_region", contracts=["Sales"])
     doc["brokers"][0]["routes"] = [{"name": "ask", "service_name": "SalesRouter"}]
+    with pytest.raises(TopologyError, match="router_sets.0..classifier: .* does not allow"):
+        parse(doc, "t.yaml")  # a module its replicas do not allow: refused, and not imported
+    doc["router_sets"][0]["code_modules"] = ["no_such_package"]
     topo = parse(doc, "t.yaml")
     [rs] = topo.router_sets
     assert rs.classifier == "no_such_package.classifiers:by_region"
     assert rs.contracts == ("Sales",) and rs.storage_dir is None
+    assert rs.code_modules == ("no_such_package",) and "no_such_package" not in sys.modules
     assert topo.broker("shop").routes[0].service_name == "SalesRouter"
 
 

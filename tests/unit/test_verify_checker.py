@@ -24,7 +24,15 @@ from actors.tools.verify.checker import (
 from actors.tools.verify.history import History
 from actors.tools.verify.malformed import EXPECTED, Malformed
 from actors.tools.verify.report import build, failures, handlers_seen, table
-from actors.tools.verify.topology import CONTRACT, HANDLER, MAX_BODY, PATHS, REPLY, REQUEST
+from actors.tools.verify.topology import (
+    CONTRACT,
+    HANDLER,
+    HANDLER_MODULE,
+    MAX_BODY,
+    PATHS,
+    REPLY,
+    REQUEST,
+)
 from actors.tools.verify.workload import Collector, Gates, Sender, begin_streams
 from tests.polling import wait_until
 
@@ -238,7 +246,8 @@ def verify_catalog(b: LocalBroker) -> None:
 
 @pytest.fixture
 def shop(tmp_path):
-    with LocalBroker("verify", str(tmp_path / "verify.sqlite"), max_body_bytes=MAX_BODY) as b:
+    path = str(tmp_path / "verify.sqlite")
+    with LocalBroker("verify", path, max_body_bytes=MAX_BODY, code_modules=[HANDLER_MODULE]) as b:
         verify_catalog(b)
         yield b
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 HANDLER = "actors.tools.verify.handlers:echo_id"
+HANDLER_MODULE = HANDLER.partition(":")[0]  # allowed on the brokers whose readers run it
 STORE_RESOURCE = "vf_store"
 HEAD_RESOURCE = "vf_head"  # only the head offers it: what must not move stays there
 ON_HEAD = {"resources": {HEAD_RESOURCE: 1}}
@@ -111,6 +112,7 @@ def _target(name: str, part: str) -> dict[str, Any]:
         "name": name,
         "storage": f"{name}.sqlite",
         "placement": ON_HEAD,
+        "limits": {"code_modules": [HANDLER_MODULE]},  # its readers' handler
         **_catalog(),
         "queues": [_queue("BalancedQ"), _queue("PartQ")],
         "services": [
@@ -143,6 +145,7 @@ def document() -> dict[str, Any]:
         "name": "vf-store",
         "storage": "vf-store.sqlite",
         "placement": {"resources": {STORE_RESOURCE: 1}},
+        "limits": {"code_modules": [HANDLER_MODULE]},  # its readers' handler
         **_catalog(),
         "queues": [_queue("DirectQ", placement="pool"), _queue("RelayedQ")],
         "services": [
