@@ -163,6 +163,10 @@ class Conversations(Part):
         sent = 0
         for handle in op.handles:
             ep = st.endpoint(handle)
+            if op.at is not None and op.at + len(op.bodies) <= ep.send_seq:
+                # a re-run's messages, every one sent before: nothing to send, whatever the
+                # dialog's state since (its target may have ended it)
+                continue
             check_send(ep, st.catalog.contract(ep.contract), mt)
             bodies = op.bodies if op.at is None else self._unsent(ep, op)
             if bodies:

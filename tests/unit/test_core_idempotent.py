@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.calls.envelope import Begin, Send, pack_ops, unpack_ops
-from actors.errors import InvalidArgument
+from actors.calls.envelope import Begin, End, Send, pack_ops, unpack_ops
+from actors.errors import ConversationEnded, InvalidArgument
+from actors.model.catalog import END_DIALOG
 from actors.model.limits import Limits
 
 from .test_core_dialogs import receive_all
@@ -93,3 +94,22 @@ def test_the_audit_cursor_counts_commits_dropped_by_its_bound(make_core, core_cl
     assert got["missed"] == 3
     assert [r["sequence_number"] for r in got["records"]] == [3, 4]
     assert core.audit(got["next"])["missed"] == 0  # a reader that kept up missed nothing
+
+
+def test_a_rerun_after_the_target_ended_the_dialog_sends_nothing_and_raises_nothing(core):
+    """An ingest run again (BEGIN IF ABSENT, SEND AT 0) once the target has ended the dialog:
+    every message it carries was sent before, so it sends nothing, rather than failing the
+    whole batch with ConversationEnded; a message not sent before is still refused."""
+    op = Begin("Init", "Target", "C", handle="ingest/k2", conversation_id="conv-k2", if_absent=True)
+    core.apply([op, Send(op.handle, "Req", [b"a", b"b"], at=0)])
+    got = receive_all(core, "TargetQ")
+    core.apply([End(got[0].conversation_handle)])  # the target ends it
+    assert [m.message_type for m in receive_all(core, "InitQ")] == [END_DIALOG]
+
+    again = core.apply([op, Send(op.handle, "Req", [b"a", b"b"], at=0)])
+
+    assert again == {"handles": [op.handle], "sent": 0}
+    assert receive_all(core, "TargetQ") == []
+    with pytest.raises(ConversationEnded):
+        core.apply([Send(op.handle, "Req", [b"a", b"b", b"c"], at=0)])  # "c" is new
+    assert [m.body for m in got] == [b"a", b"b"]
