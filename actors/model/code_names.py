@@ -42,15 +42,21 @@ def handler_path(fn: Any) -> str:
     return f"{module}:{qualname}"
 
 
-def check_code_name(path: Any, allowed: Sequence[str]) -> str:
-    """The module of a "module:function" path, if it is one the operator allows (BUILTIN_MODULES
-    or under one of `allowed`); InvalidDefinition saying what to do otherwise. Imports nothing."""
+def _split(path: Any) -> tuple[str, str]:
+    """(module, attribute path) of a "module:function" path, the module as it is named now."""
     if not isinstance(path, str) or path.count(":") != 1:
         raise InvalidDefinition(f"handler {path!r} must be 'module:function'")
     module_name, attr = path.split(":")
     module_name = MOVED_MODULES.get(module_name, module_name)
     if not all(part.isidentifier() for part in [*module_name.split("."), *attr.split(".")]):
         raise InvalidDefinition(f"handler {path!r} must be 'module:function' (Python names)")
+    return module_name, attr
+
+
+def check_code_name(path: Any, allowed: Sequence[str]) -> str:
+    """The module of a "module:function" path, if it is one the operator allows (BUILTIN_MODULES
+    or under one of `allowed`); InvalidDefinition saying what to do otherwise. Imports nothing."""
+    module_name, _ = _split(path)
     for root in (*BUILTIN_MODULES, *allowed):
         if module_name == root or module_name.startswith(root + "."):
             return module_name
@@ -84,10 +90,7 @@ def resolve_handler(path: str, allowed: Sequence[str]) -> Any:
 def import_code(path: str) -> Any:
     """Import a "module:function" path that `check_code_name` has passed where it was defined
     or launched (a reader runs what its broker checked); InvalidDefinition if it does not."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise InvalidDefinition(f"handler {path!r} must be 'module:function'")
-    module_name, attr = path.split(":")
-    module_name = MOVED_MODULES.get(module_name, module_name)
+    module_name, attr = _split(path)
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
