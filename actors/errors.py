@@ -331,3 +331,19 @@ class NoFailover(MirroringError):
     def __init__(self, broker: str, reason: str) -> None:
         super().__init__(f"mirrored broker {broker!r}: no failover: {reason}")
         self.broker, self.reason = broker, reason
+
+
+class MirrorCallerRefused(MirroringError):
+    """A call that only a mirrored broker's partners and witness make to each other (ship to the
+    mirror, rebuild it, mark it synchronized, promote) came from a caller that did not prove it
+    is one of them: it holds another start's key, or none. Nothing was changed."""
+
+    def __init__(self, broker: str, caller: str, method: str) -> None:
+        super().__init__(
+            f"mirrored broker {broker!r}: {method} refused: the caller (claiming to be "
+            f"{caller!r}) did not prove it is a partner of this start of the mirrored broker. "
+            "Only the partners and the witness that start_mirrored_broker started together "
+            "make this call; an operator fails over with failover(), and a partner left from "
+            "another start is stopped (stop_mirrored_broker) and the pair started again"
+        )
+        self.broker, self.caller, self.method = broker, caller, method

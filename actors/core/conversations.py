@@ -13,6 +13,7 @@ from actors.core.work import Part, UnitOfWork
 from actors.errors import (
     BodyTooLarge,
     ContractViolation,
+    ConversationEnded,
     ConversationNotFound,
     GroupLocked,
     InvalidArgument,
@@ -53,8 +54,13 @@ class Conversations(Part):
         svc = st.catalog.service(op.from_service)
         contract = st.catalog.contract(op.contract)
         check_name("service", op.to_service)
-        if op.if_absent and op.handle in st.handles:
-            return self._begun(op)
+        if op.if_absent:
+            live = st.handles.get(op.handle) if isinstance(op.handle, str) else None
+            if live is not None:
+                return self._begun(op, live.is_initiator, *live.identity())
+            ended = self.store.ended_rerun(op.handle) if isinstance(op.handle, str) else None
+            if ended is not None:  # a re-run after the dialog ended and went: not again
+                return self._begun(op, True, *ended[:4])
         if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
             raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
         lifetime = checks.seconds("dialog lifetime", op.lifetime, none=True)
@@ -111,23 +117,32 @@ class Conversations(Part):
             group_no=group_no,
             expires_at=None if lifetime is None else w.now + lifetime,
             far_broker=far_broker,
+            rerunnable=op.if_absent,
         )
         return op.handle
 
-    def _begun(self, op: Begin) -> str:
-        """BEGIN ... if absent, on a handle that exists: it must be this very dialog."""
-        ep = self.state.endpoint(op.handle)
+    @staticmethod
+    def _begun(
+        op: Begin,
+        is_initiator: bool,
+        conversation_id: str,
+        service: str,
+        far_service: str,
+        contract: str,
+    ) -> str:
+        """BEGIN ... if absent, on a handle that is (or was, and ended) a dialog: it must be
+        this very dialog."""
         same = (
-            ep.is_initiator
-            and ep.service == op.from_service
-            and ep.far_service == op.to_service
-            and ep.contract == op.contract
-            and op.conversation_id in (None, ep.conversation_id)
+            is_initiator
+            and service == op.from_service
+            and far_service == op.to_service
+            and contract == op.contract
+            and op.conversation_id in (None, conversation_id)
         )
         if not same:
             raise InvalidArgument(
-                f"conversation handle {op.handle!r} is already a dialog from {ep.service!r} to "
-                f"{ep.far_service!r} on contract {ep.contract!r}, not the one this Begin names"
+                f"conversation handle {op.handle!r} is already a dialog from {service!r} to "
+                f"{far_service!r} on contract {contract!r}, not the one this Begin names"
             )
         return op.handle
 
@@ -162,17 +177,36 @@ class Conversations(Part):
             raise InvalidArgument("send needs at least one conversation handle")
         sent = 0
         for handle in op.handles:
-            ep = st.endpoint(handle)
-            if op.at is not None and op.at + len(op.bodies) <= ep.send_seq:
+            if op.at is not None and self._sent_before(handle, op):
                 # a re-run's messages, every one sent before: nothing to send, whatever the
-                # dialog's state since (its target may have ended it)
+                # dialog's state since (its target may have ended it, both ends may be gone)
                 continue
+            ep = st.endpoint(handle)
             check_send(ep, st.catalog.contract(ep.contract), mt)
             bodies = op.bodies if op.at is None else self._unsent(ep, op)
             if bodies:
                 self.delivery.transmit(w, ep, mt, bodies)
             sent += len(bodies)
         return sent
+
+    def _sent_before(self, handle: str, op: Send) -> bool:
+        """Whether the dialog on `handle` sent every message of this SEND ... AT before: live,
+        or ended and remembered (begun `if_absent`, see `actors.core.work`)."""
+        assert op.at is not None
+        ep = self.state.handles.get(handle) if isinstance(handle, str) else None
+        if ep is not None:
+            return op.at + len(op.bodies) <= ep.send_seq
+        ended = self.store.ended_rerun(handle) if isinstance(handle, str) else None
+        if ended is None:
+            return False  # not a dialog: st.endpoint says so
+        sent = ended[4]
+        if op.at + len(op.bodies) <= sent:
+            return True
+        raise ConversationEnded(
+            f"conversation {handle} ended after sending {sent} messages; this send at "
+            f"sequence {op.at} holds {op.at + len(op.bodies) - sent} it never sent, and an "
+            "ended dialog sends no more: begin another dialog for them"
+        )
 
     @staticmethod
     def _unsent(ep: Endpoint, op: Send) -> tuple[bytes, ...]:

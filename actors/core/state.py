@@ -63,6 +63,9 @@ class BrokerState:
             ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:])
             self.add_endpoint(ep)
             self.schedule(ep)
+        for handle in store.rerunnable_handles():
+            if handle in self.handles:
+                self.handles[handle].rerunnable = True
         self.queues: dict[str, QueueIndex] = {q: QueueIndex() for q in self.catalog.queues}
         for g, count, first in store.waiting_by_group():
             self.index_of(g).add(g, first, count, locked=False)

@@ -260,10 +260,17 @@ class UnitOfWork:
     def _remember_ended(self, w: Changes) -> None:
         """A target endpoint of a dialog from another broker is remembered after it goes: that
         broker may not have heard our acknowledgements (a one-way partition, END WITH CLEANUP),
-        and a resend of what it took must not open the dialog here again (actors.transport)."""
+        and a resend of what it took must not open the dialog here again (actors.transport).
+        So is an initiator endpoint begun with `if_absent`: a re-run of that Begin then finds
+        the dialog ended, and its Send ... AT what was sent before sends nothing."""
         st = self.state
+        reruns = [ep for ep in w.dead_endpoints if ep.rerunnable]
         if st.limits.ended_retention_s <= 0:
+            if reruns:
+                self.store.forget_reruns(ep.handle for ep in reruns)
             return
+        if reruns:
+            self.store.end_reruns((ep.handle, *ep.identity(), ep.send_seq, w.now) for ep in reruns)
         rows = [
             (ep.conversation_id, ep.recv_seq, w.now)
             for ep in w.dead_endpoints
@@ -280,6 +287,9 @@ class UnitOfWork:
         born = [ep.row() for ep in w.new_endpoints if ep.no not in dead]
         if born:
             store.upsert_endpoints(born)
+            reruns = [ep.handle for ep in w.new_endpoints if ep.rerunnable and ep.no not in dead]
+            if reruns:
+                store.trace_reruns(reruns)
         eps = st.endpoints
         changed = [no for no in w.touched if no not in dead and no in eps]
         # of those, the ones whose row changed beyond their sequence numbers (few: a send

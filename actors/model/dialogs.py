@@ -60,10 +60,17 @@ class Endpoint:
     timer_at: float | None = None  # conversation timer
     far_broker: str | None = None
     closed_at: float | None = None
+    # begun with `if_absent`: remembered after it goes, so a re-run of that Begin and its
+    # Send ... AT find it ended rather than begin it again (kept in the store's `rerunnable`)
+    rerunnable: bool = False
 
     @property
     def open(self) -> bool:
         return self.state in SENDABLE
+
+    def identity(self) -> tuple[str, str, str, str]:
+        """What a Begin names of its dialog: conversation id, service, far service, contract."""
+        return self.conversation_id, self.service, self.far_service, self.contract
 
     def due_times(self) -> tuple[float | None, float | None, float | None]:
         """When something falls due for this endpoint: its timer, its lifetime, its purge."""

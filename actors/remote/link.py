@@ -13,6 +13,7 @@ import ray
 
 from actors.errors import BrokerError, PeerUnreachable
 from actors.mirroring.capture import Entry
+from actors.mirroring.pairkey import PairKey
 
 APPLY_S = 3.0  # a ship: a batch of transactions applied in one SQLite transaction (a mirror
 # slower than this is taken for lost: the principal goes on alone, fenced by the witness)
@@ -36,8 +37,11 @@ async def unwrap(ref: Any, timeout: float = 10.0, who: str = "the witness") -> A
 class RayLink:
     """The principal's calls to the mirror partner `mirror` (see `actors.mirroring.shipper`)."""
 
-    def __init__(self, mirror: str, namespace: str, broker_id: str) -> None:
+    def __init__(
+        self, mirror: str, namespace: str, broker_id: str, caller: str, key: PairKey
+    ) -> None:
         self.mirror, self.namespace, self.broker_id = mirror, namespace, broker_id
+        self.caller, self.key = caller, key  # who this principal is, and its start's key
         # this principal's incarnation: a mirror rebuilt by an earlier one (before a restart of
         # this partner's process) is rebuilt again, since writes made while the broker opened
         # its store were never shipped
@@ -49,14 +53,18 @@ class RayLink:
         except ValueError:
             raise PeerUnreachable.not_running(self.mirror) from None
 
+    def _proved(self, method: str) -> tuple[str, bytes]:
+        return self.caller, self.key.prove(self.caller, method)
+
     async def held(self, epoch: int) -> int:
-        return await unwrap(self._handle().held.remote(epoch, self.line), APPLY_S, self.mirror)
+        ref = self._handle().held.remote(*self._proved("held"), epoch, self.line)
+        return await unwrap(ref, APPLY_S, self.mirror)
 
     async def apply(self, epoch: int, entries: list[Entry]) -> int:
-        return await unwrap(
-            self._handle().apply.remote(epoch, self.line, entries), APPLY_S, self.mirror
-        )
+        ref = self._handle().apply.remote(*self._proved("apply"), epoch, self.line, entries)
+        return await unwrap(ref, APPLY_S, self.mirror)
 
     async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int:
-        ref = self._handle().rebuild.remote(epoch, self.line, seq, parts, self.broker_id)
+        proved = self._proved("rebuild")
+        ref = self._handle().rebuild.remote(*proved, epoch, self.line, seq, parts, self.broker_id)
         return await unwrap(ref, REBUILD_S, self.mirror)

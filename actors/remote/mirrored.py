@@ -26,6 +26,7 @@ from actors.errors import (
     NotPrincipal,
     UnknownBroker,
 )
+from actors.mirroring.pairkey import PairKey, new_key
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE, Broker
 from actors.remote.partner import PartnerActor
@@ -69,10 +70,21 @@ def start_mirrored_broker(
 ) -> MirroredBroker:
     """Start (or attach to) the mirrored broker `name`: the witness, then both partners, then
     wait until the mirror is in step. Refused (`MirrorPlacement`) when both partners land on one
-    node unless `force`; (`MirrorMismatch`) when the mirror's store holds another broker."""
+    node unless `force`; (`MirrorMismatch`) when the mirror's store holds another broker, or when
+    only some of its actors run (they hold another start's key: stop it and start it again)."""
     for p in (principal, mirror):
         check_name_and_path(p.name, p.path)
     Limits.of(limits or {})
+    names = (witness_name(name), principal.name, mirror.name)
+    running = [n for n in names if _running(n, namespace)]
+    if running and len(running) < len(names):
+        raise MirrorMismatch(
+            f"mirrored broker {name!r} runs only in part ({', '.join(map(repr, running))} of "
+            f"{', '.join(map(repr, names))}): the actors of one start share a key that a new one "
+            "cannot join. Stop it (stop_mirrored_broker) and start it again; the stores stay"
+        )
+    # a new start's key; ignored by actors that already run (get_if_exists), which keep theirs
+    key = PairKey(name, new_key(), (principal.name, mirror.name))
     wpath = witness_path or os.path.join(
         os.path.dirname(os.path.abspath(principal.path)), f"{name}.witness.json"
     )
@@ -95,7 +107,7 @@ def start_mirrored_broker(
             num_cpus=0,
             **place,
         )  # fmt: skip
-        .remote(name, principal.name, mirror.name, wpath, namespace)
+        .remote(name, principal.name, mirror.name, wpath, namespace, key)
     )
     try:
         _get(witness.get.remote())  # surfaces a mismatched or unwritable witness record now
@@ -117,8 +129,8 @@ def start_mirrored_broker(
                 **options,
             )  # fmt: skip
             .remote(
-                p.name, name, p.path, durability, dict(limits or {}), namespace, failover_after_s
-            )  # fmt: skip
+                p.name, name, p.path, durability, limits or {}, namespace, failover_after_s, key
+            )
         )
     try:
         infos = _get([a.info.remote() for a in actors])  # a store that will not open, say
@@ -148,6 +160,14 @@ def start_mirrored_broker(
             raise MirrorMismatch(f"mirrored broker {name!r}: the mirror did not come in step: "
                                  f"{reason}")  # fmt: skip
         time.sleep(0.05)
+
+
+def _running(actor: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(actor, namespace=namespace)
+    except ValueError:
+        return False
+    return True
 
 
 def _get(refs: Any) -> Any:

@@ -31,6 +31,7 @@ from actors.errors import (
 )
 from actors.mirroring import replay
 from actors.mirroring.capture import SEQ_KEY, Capture, attach
+from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import FailureDetector, Roles
 from actors.mirroring.shipper import Shipper
 from actors.remote.broker import BrokerActor
@@ -55,8 +56,9 @@ class PartnerActor:
         limits: dict[str, Any],
         namespace: str,
         failover_after_s: float,
+        key: PairKey,
     ) -> None:
-        self.partner, self.broker, self.path = partner, broker, path
+        self.partner, self.broker, self.path, self.key = partner, broker, path, key
         self.durability, self.limits, self.namespace = durability, limits, namespace
         self.failover_after_s = failover_after_s
         self.acting, self.epoch, self.principal = "starting", 0, ""
@@ -110,7 +112,10 @@ class PartnerActor:
         if service.start_error is not None:
             raise service.start_error
         self.service, self.capture = service, attach(service.core.store)
-        link = RayLink(record.partner_of(self.partner), self.namespace, service.core.broker_id)
+        link = RayLink(
+            record.partner_of(self.partner), self.namespace, service.core.broker_id,
+            self.partner, self.key,
+        )  # fmt: skip
         self.shipper = Shipper(
             self.partner,
             self.capture,
@@ -137,7 +142,10 @@ class PartnerActor:
         self.acting, self.line = "mirror", None  # whoever is principal now rebuilds it
 
     async def _fence(self, synchronized: bool) -> None:
-        await unwrap(self.witness.set_synchronized.remote(self.partner, self.epoch, synchronized))
+        proof = self.key.prove(self.partner, "set_synchronized")
+        await unwrap(
+            self.witness.set_synchronized.remote(self.partner, self.epoch, synchronized, proof)
+        )
 
     async def _watch(self) -> None:
         detector = FailureDetector(self.failover_after_s)
@@ -183,7 +191,9 @@ class PartnerActor:
         return claim.get("role") == "principal" or claim.get("epoch", 0) > self.epoch
 
     async def _promote(self, manual: bool, reason: str) -> dict[str, Any]:
-        record = await unwrap(self.witness.promote.remote(self.partner, self.epoch, manual, reason))
+        proof = self.key.prove(self.partner, "promote")
+        ref = self.witness.promote.remote(self.partner, self.epoch, manual, reason, proof)
+        record = await unwrap(ref)
         await self._take(Roles(**record))
         return record
 
@@ -272,9 +282,10 @@ class PartnerActor:
     async def reader_actors(self, queue: str) -> list[Any]:
         return await (await self._principal()).reader_actors(queue)
 
-    # --- the mirror's verbs: the principal ships here ------------------------------------------
+    # --- the mirror's verbs: the principal ships here (with this start's key) -------------------
 
-    async def _mirror(self, epoch: int) -> Store:
+    async def _mirror(self, caller: str, proof: bytes, method: str, epoch: int) -> Store:
+        self.key.check(caller, method, proof)
         await self._ready()
         if epoch > self.epoch:  # a failover this partner has not heard of yet
             await self._refresh()
@@ -283,12 +294,12 @@ class PartnerActor:
         assert self.store is not None
         return self.store
 
-    async def held(self, epoch: int, line: str) -> int:
-        store = await self._mirror(epoch)
+    async def held(self, caller: str, proof: bytes, epoch: int, line: str) -> int:
+        store = await self._mirror(caller, proof, "held", epoch)
         return replay.held_seq(store) if self.line == (epoch, line) else -1
 
-    async def apply(self, epoch: int, line: str, entries: list) -> int:
-        store = await self._mirror(epoch)
+    async def apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
+        store = await self._mirror(caller, proof, "apply", epoch)
         if self.line != (epoch, line):
             raise MirrorBehind(-1, entries[0].seq if entries else 0)
         # ships under way together may arrive out of order: a later one waits (briefly) for
@@ -301,16 +312,23 @@ class PartnerActor:
             self._applied.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._applied.wait(), left)
-            store = await self._mirror(epoch)
+            store = await self._mirror(caller, proof, "apply", epoch)
         held = replay.apply(store.db, replay.held_seq(store), entries)
         self.applied_at = time.time()
         self._applied.set()
         return held
 
     async def rebuild(
-        self, epoch: int, line: str, seq: int, parts: list[bytes], broker_id: str
+        self,
+        caller: str,
+        proof: bytes,
+        epoch: int,
+        line: str,
+        seq: int,
+        parts: list[bytes],
+        broker_id: str,
     ) -> int:
-        store = await self._mirror(epoch)
+        store = await self._mirror(caller, proof, "rebuild", epoch)
         if store.broker_id != broker_id and not replay.is_blank(store):
             raise MirrorMismatch(
                 f"{self.partner!r} holds broker {store.broker_id} in {self.path!r}, not broker "

@@ -22,6 +22,7 @@ import ray
 
 from actors.errors import BrokerError, MirrorMismatch, StoreError
 from actors.mirroring import roles
+from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import Roles
 from actors.store.file import sync_directory, write_new
 
@@ -33,8 +34,10 @@ def witness_name(broker: str) -> str:
 
 
 class WitnessActor:
-    def __init__(self, broker: str, principal: str, mirror: str, path: str, namespace: str) -> None:
-        self.path, self.namespace = path, namespace
+    def __init__(
+        self, broker: str, principal: str, mirror: str, path: str, namespace: str, key: PairKey
+    ) -> None:
+        self.path, self.namespace, self.key = path, namespace, key
         self.events: list[dict[str, Any]] = []
         # an error here is kept for `get` to raise as itself (Ray would pass on a constructor's
         # error only as text)
@@ -86,7 +89,10 @@ class WitnessActor:
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def set_synchronized(self, partner: str, epoch: int, synchronized: bool) -> dict[str, Any]:
+    def set_synchronized(
+        self, partner: str, epoch: int, synchronized: bool, proof: bytes
+    ) -> dict[str, Any]:
+        self.key.check(partner, "set_synchronized", proof)
         changed = roles.set_synchronized(self.roles, partner, epoch, synchronized)
         if changed != self.roles:
             self._save(changed)
@@ -95,9 +101,11 @@ class WitnessActor:
         return self.roles.as_dict()
 
     async def promote(
-        self, candidate: str, epoch: int, manual: bool, reason: str
+        self, candidate: str, epoch: int, manual: bool, reason: str, proof: bytes
     ) -> dict[str, Any]:
-        """Make `candidate` principal (see `roles.promote`); raises NoFailover or StaleEpoch."""
+        """Make `candidate` principal (see `roles.promote`); raises NoFailover or StaleEpoch,
+        or MirrorCallerRefused when the call does not come from `candidate`."""
+        self.key.check(candidate, "promote", proof)
         answers = False if manual else await self._principal_answers()
         promoted = roles.promote(
             self.roles,

@@ -25,6 +25,7 @@ from actors.packing import packb
 from actors.store.checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from actors.store.file import Connection, check_file, lock, reason
 from actors.store.savepoints import HeldWrites, Savepoint
+from actors.store.traces import EndedTraces
 from actors.store.transmission import TransmissionRows
 
 SCHEMA = """
@@ -69,6 +70,10 @@ CREATE TABLE IF NOT EXISTS ended (
     id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, recv_seq INTEGER NOT NULL,
     at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS ended_conversation ON ended (conversation_id);
+CREATE TABLE IF NOT EXISTS rerunnable (
+    handle TEXT PRIMARY KEY, conversation_id TEXT, service TEXT, far_service TEXT,
+    contract TEXT, send_seq INTEGER, ended_at REAL);
+CREATE INDEX IF NOT EXISTS rerunnable_ended ON rerunnable (ended_at) WHERE ended_at IS NOT NULL;
 """
 
 ENDPOINT_COLUMNS = (
@@ -84,7 +89,7 @@ REMOVE_RECEIVED = {  # by retention: messages received in a range are deleted, o
 }
 
 
-class Store(TransmissionRows):
+class Store(TransmissionRows, EndedTraces):
     """SQLite persistence for one broker. `durability`: "normal" (a committed transaction survives
     the process being killed; WAL with synchronous=NORMAL) or "full" (also survives power loss)."""
 
@@ -448,34 +453,6 @@ class Store(TransmissionRows):
 
     def prune_requests(self, before: float) -> None:
         self._prune_before(("requests", "call_requests"), before)
-
-    # --- dialogs whose target ended here (seen again only in a late resend) -----------------------
-
-    def insert_ended(self, rows: Iterable[tuple[str, int, float]]) -> None:
-        """rows: (conversation_id, recv_seq, at): target endpoints removed, and how many of the
-        initiator's messages each had taken."""
-        self.db.executemany(
-            "INSERT INTO ended (conversation_id, recv_seq, at) VALUES (?,?,?)", rows
-        )
-
-    def ended_recv_seq(self, conversation_id: str) -> int | None:
-        """How many messages the removed target endpoint of `conversation_id` took (None: no
-        such endpoint is remembered)."""
-        row = self.db.execute(
-            "SELECT MAX(recv_seq) FROM ended WHERE conversation_id=?", (conversation_id,)
-        ).fetchone()
-        return row[0]
-
-    def prune_ended(self, before: float) -> None:
-        self._prune_before(("ended",), before)
-
-    def _prune_before(self, tables: Iterable[str], before: float) -> None:
-        # rows come in time order: delete those before the first one young enough to keep
-        for table in tables:
-            q = f"SELECT rowid FROM {table} WHERE at >= ? ORDER BY rowid LIMIT 1"
-            self.db.execute(
-                f"DELETE FROM {table} WHERE rowid < COALESCE(({q}), 1 << 62)", (before,)
-            )
 
 
 def _parts(items: list[Any]) -> Iterator[list[Any]]:

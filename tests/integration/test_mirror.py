@@ -16,12 +16,14 @@ import ray
 from actors import Queue, Service
 from actors.errors import (
     InvalidArgument,
+    MirrorCallerRefused,
     MirrorMismatch,
     MirrorPlacement,
     NotPrincipal,
     StoreError,
     UnknownBroker,
 )
+from actors.mirroring.pairkey import PairKey, new_key
 from actors.remote.client import Broker
 from actors.remote.mirrored import (
     MirroredBroker,
@@ -253,10 +255,61 @@ def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
         start_mirrored_broker("wit", a, c, force=True, witness_path=record)
 
 
+def test_calls_between_partners_from_anyone_else_are_refused_and_change_nothing(mirrored):
+    """The witness's and the mirror's calls that change roles or the mirror's store, made by a Ray
+    client that does not hold this start's key (here the driver, with no key and with the key of
+    another start under the same names), are refused; the pair carries on in step."""
+    name, handle = mirrored(force=True)
+    handle.create(Queue("Kept"))
+    wait_until(lambda: mirror_status(name)["principal_state"]["lag_transactions"] == 0, 30,
+               "the mirror in step")  # fmt: skip
+    before = mirror_status(name)
+    principal, mirror, epoch = before["principal"], before["mirror"], before["epoch"]
+    held = before["partners"][mirror]["seq"]
+    witness = ray.get_actor(f"{name}.witness", namespace="raybroker")
+    partner = ray.get_actor(mirror, namespace="raybroker")
+    other_start = PairKey(name, new_key(), (principal, mirror))
+    for proof in (b"", bytes(32), other_start.prove(principal, "x")):
+        calls = {
+            "set_synchronized": witness.set_synchronized.remote(principal, epoch, False, proof),
+            "promote": witness.promote.remote(mirror, epoch, True, "forced", proof),
+            "held": partner.held.remote(principal, proof, epoch, "line"),
+            "apply": partner.apply.remote(principal, proof, epoch, "line", []),
+            "rebuild": partner.rebuild.remote(
+                principal, proof, epoch, "line", held, [b"not a store"], "broker-id"
+            ),
+        }
+        for method, ref in calls.items():
+            with pytest.raises(MirrorCallerRefused, match=f"{method} refused") as err:
+                ray.get(ref)
+            assert err.value.caller in (principal, mirror)
+    after = mirror_status(name)
+    assert (after["principal"], after["epoch"], after["synchronized"]) == (principal, epoch, True)
+    assert after["partners"][mirror]["state"] == "in step"
+    handle.create(Service("StillMirrored", "Kept"))  # the pair goes on shipping as before
+    wait_until(lambda: mirror_status(name)["partners"][mirror]["seq"] > held, 30, "the next ship")
+    assert mirror_status(name)["synchronized"] and "Kept" in handle.queues()
+
+
+def test_a_start_that_finds_only_part_of_a_mirrored_broker_running_is_refused(mirrored, tmp_path):
+    name, handle = mirrored(force=True)
+    ray.kill(ray.get_actor(f"{name}-b", namespace="raybroker"), no_restart=True)
+    wait_until(lambda: _gone(f"{name}-b"), 30, "the partner stopped")
+    a = Partner(f"{name}-a", str(tmp_path / f"{name}-a.sqlite"))
+    b = Partner(f"{name}-b", str(tmp_path / f"{name}-b.sqlite"))
+    with pytest.raises(
+        MirrorMismatch, match=r"runs only in part \('mir-\w+\.witness', 'mir-\w+-a'"
+    ):
+        start_mirrored_broker(name, a, b, force=True)
+    assert _gone(f"{name}-b")  # nothing was started
+
+
 def test_a_witness_changes_its_record_only_once_the_change_is_on_disk(ray_session, tmp_path):
     path = tmp_path / "w.json"
-    witness = ray.remote(WitnessActor).remote("wd", "wd-a", "wd-b", str(path), "raybroker")
-    ray.get(witness.set_synchronized.remote("wd-a", 1, True))
+    key = PairKey("wd", new_key(), ("wd-a", "wd-b"))
+    witness = ray.remote(WitnessActor).remote("wd", "wd-a", "wd-b", str(path), "raybroker", key)
+    synced, promoted = key.prove("wd-a", "set_synchronized"), key.prove("wd-b", "promote")
+    ray.get(witness.set_synchronized.remote("wd-a", 1, True, synced))
     before = ray.get(witness.get.remote())
     assert before["synchronized"] and json.loads(path.read_text()) == before
     blocker = tmp_path / "w.json.tmp"  # where the next record is written first: now a directory
@@ -264,22 +317,22 @@ def test_a_witness_changes_its_record_only_once_the_change_is_on_disk(ray_sessio
     (blocker / "in-the-way").write_text("")
     for _ in range(2):  # a retry fails too: it does not find the change already made in memory
         with pytest.raises(StoreError, match="cannot write: Is a directory"):
-            ray.get(witness.set_synchronized.remote("wd-a", 1, False))
+            ray.get(witness.set_synchronized.remote("wd-a", 1, False, synced))
         assert ray.get(witness.get.remote()) == before
     with pytest.raises(StoreError, match="cannot write: Is a directory"):
-        ray.get(witness.promote.remote("wd-b", 1, True, "an operator's failover"))
+        ray.get(witness.promote.remote("wd-b", 1, True, "an operator's failover", promoted))
     assert ray.get(witness.get.remote()) == before  # no epoch handed out
     assert json.loads(path.read_text()) == before
     # a witness restarted from its file says what the running one said
     ray.kill(witness)
-    again = ray.remote(WitnessActor).remote("wd", "wd-a", "wd-b", str(path), "raybroker")
+    again = ray.remote(WitnessActor).remote("wd", "wd-a", "wd-b", str(path), "raybroker", key)
     assert ray.get(again.get.remote()) == before
     # once the file can be written, each change is on disk when it is answered
     (blocker / "in-the-way").unlink()
     blocker.rmdir()
-    promoted = ray.get(again.promote.remote("wd-b", 1, True, "an operator's failover"))
-    assert promoted["principal"] == "wd-b" and promoted["epoch"] == 2
-    assert json.loads(path.read_text()) == promoted
+    after = ray.get(again.promote.remote("wd-b", 1, True, "an operator's failover", promoted))
+    assert after["principal"] == "wd-b" and after["epoch"] == 2
+    assert json.loads(path.read_text()) == after
     ray.kill(again)
 
 

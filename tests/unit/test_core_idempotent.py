@@ -113,3 +113,85 @@ def test_a_rerun_after_the_target_ended_the_dialog_sends_nothing_and_raises_noth
     with pytest.raises(ConversationEnded):
         core.apply([Send(op.handle, "Req", [b"a", b"b", b"c"], at=0)])  # "c" is new
     assert [m.body for m in got] == [b"a", b"b"]
+
+
+def _both_ends_gone(core, core_clock, op: Begin, bodies: list[bytes], cleanup: bool = False):
+    """Run an ingest's dialog on one broker to its end: sent, taken and ended by the target,
+    ended by the initiator (or cleaned up), then purged at both ends."""
+    core.apply([op, Send(op.handle, "Req", bodies, at=0)])
+    got = [m for m in receive_all(core, "TargetQ") if m.conversation_id == op.conversation_id]
+    target = got[0].conversation_handle
+    core.apply([End(target)])
+    receive_all(core, "InitQ")  # the target's EndDialog
+    core.apply([End(op.handle, cleanup=cleanup)])
+    if cleanup:  # no EndDialog reached the target, which cleans up too
+        core.apply([End(target, cleanup=True)])
+    core_clock.advance(Limits().closed_retention_s + 1)
+    core.tick()
+    assert [e for e in core.endpoints_view() if e["conversation_id"] == op.conversation_id] == []
+    return got
+
+
+INGEST = Begin("Init", "Target", "C", handle="ingest/k3", conversation_id="conv-k3", if_absent=True)
+
+
+@pytest.mark.parametrize("cleanup", [False, True], ids=["ended", "cleaned-up"])
+def test_a_rerun_after_both_ends_went_sends_nothing_again(core, core_clock, cleanup):
+    """Initiator and target on one broker, both ends ended and purged (or cleaned up): a re-run
+    of the same Begin ... if absent and Send ... AT begins nothing and sends nothing."""
+    got = _both_ends_gone(core, core_clock, INGEST, [b"a", b"b"], cleanup)
+
+    again = core.apply([INGEST, Send(INGEST.handle, "Req", [b"a", b"b"], at=0)])
+
+    assert again == {"handles": [INGEST.handle], "sent": 0}
+    assert receive_all(core, "TargetQ") == [] and [m.body for m in got] == [b"a", b"b"]
+    assert core.endpoints_view() == []  # no dialog begun again
+
+
+def test_a_rerun_with_rows_never_sent_on_an_ended_dialog_is_refused_and_changes_nothing(
+    core, core_clock, snapshot
+):
+    _both_ends_gone(core, core_clock, INGEST, [b"a", b"b"])
+    before = snapshot(core)
+
+    with pytest.raises(ConversationEnded, match="ended after sending 2 messages.*1 it never sent"):
+        core.apply([INGEST, Send(INGEST.handle, "Req", [b"a", b"b", b"c"], at=0)])
+    with pytest.raises(InvalidArgument, match="not the one this Begin names"):
+        core.apply([Begin("Init", "Target", "C", handle=INGEST.handle, conversation_id="other",
+                          if_absent=True)])  # fmt: skip
+
+    assert snapshot(core) == before
+
+
+def test_the_trace_of_a_rerunnable_dialog_survives_a_restart_live_and_ended(
+    tmp_path, make_core, core_clock
+):
+    path = tmp_path / "b.sqlite"
+    core = make_core(path)
+    live = Begin("Init", "Target", "C", handle="ingest/live", conversation_id="c-live",
+                 if_absent=True)  # fmt: skip
+    core.apply([live, Send(live.handle, "Req", [b"x"], at=0)])
+    _both_ends_gone(core, core_clock, INGEST, [b"a"])
+    core.store.close()
+
+    again = make_core(path, catalog=False)  # a restart: the dialog begun if absent, then ends
+    receive_all(again, "TargetQ")
+    again.apply([Send(live.handle, "Req", [b"y"], at=1), End(live.handle, cleanup=True)])
+    assert [m.body for m in receive_all(again, "TargetQ")] == [b"y"]
+
+    for op, bodies in ((live, [b"x", b"y"]), (INGEST, [b"a"])):
+        assert again.apply([op, Send(op.handle, "Req", bodies, at=0)])["sent"] == 0
+    assert receive_all(again, "TargetQ") == []
+
+
+def test_once_the_trace_is_pruned_a_rerun_begins_the_dialog_again(make_core, core_clock):
+    """What the docs say happens after ended_retention_s (and with it 0: at once)."""
+    for limits in (Limits(ended_retention_s=0), Limits(ended_retention_s=120)):
+        core = make_core(limits=limits)
+        _both_ends_gone(core, core_clock, INGEST, [b"a"])
+        core_clock.advance(limits.ended_retention_s + limits.prune_every_s + 1)
+        core.tick()
+
+        again = core.apply([INGEST, Send(INGEST.handle, "Req", [b"a"], at=0)])
+
+        assert again["sent"] == 1 and [m.body for m in receive_all(core, "TargetQ")] == [b"a"]

@@ -63,6 +63,7 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.MirrorMismatch: errors.MirrorMismatch("other broker ids"),
     errors.MirrorPlacement: errors.MirrorPlacement("shop", "node-1"),
     errors.NoFailover: errors.NoFailover("shop", "the mirror is not synchronized"),
+    errors.MirrorCallerRefused: errors.MirrorCallerRefused("shop", "shop.a", "rebuild"),
 }
 
 

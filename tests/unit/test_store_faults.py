@@ -19,6 +19,7 @@ from actors import LocalBroker
 from actors.calls.envelope import Begin, Send, Timer
 from actors.errors import StoreError, StoreInUse
 from actors.mirroring import replay
+from actors.mirroring.pairkey import PairKey, new_key
 from actors.model.catalog import Queue
 from actors.remote.witness import WitnessActor
 from actors.store.database import Store
@@ -102,7 +103,8 @@ def test_a_file_written_beside_a_store_replaces_a_planted_link_and_never_writes_
         assert target.read_bytes() == b"the rebuilt store"
     else:
         victim = planted_link(tmp_path / "store.sqlite.tmp", tmp_path)
-        witness = WitnessActor("mb", "mb-a", "mb-b", str(target), "ns")  # plain Python here
+        key = PairKey("mb", new_key(), ("mb-a", "mb-b"))
+        witness = WitnessActor("mb", "mb-a", "mb-b", str(target), "ns", key)  # plain Python
         assert witness.start_error is None
         assert json.loads(target.read_text())["principal"] == "mb-a"
         assert not (tmp_path / "store.sqlite.tmp").exists()

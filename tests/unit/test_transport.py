@@ -1447,3 +1447,26 @@ def test_a_batch_larger_than_an_idle_forwarders_buffer_still_passes(net):
     net.pump()
     assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1", b"m2"]
     assert a.transmission_view() == []
+
+
+def test_an_ingest_rerun_after_both_ends_went_sends_nothing_to_the_far_broker_again(net, pair):
+    """A dialog begun if absent from A to B, sent AT, ended at both ends and purged at both: a
+    re-run of its Begin and Send on A begins nothing and sends B nothing."""
+    a, b = pair
+    op = Begin("Init", "Target", "C", handle="ingest/k", conversation_id="conv-k", if_absent=True)
+    rerun = [op, Send(op.handle, "Req", [b"r0", b"r1"], at=0)]
+    a.apply(rerun)
+    net.pump()
+    got = take(b, "TargetQ")
+    b.apply([End(got[0].conversation_handle)])
+    net.pump()
+    take(a, "InitQ")  # the EndDialog
+    a.apply([End(op.handle)])
+    net.pump()
+    past_closed_retention(net, a, b)
+    assert a.endpoints_view() == [] and b.endpoints_view() == []
+
+    assert a.apply(rerun) == {"handles": [op.handle], "sent": 0}
+    net.pump()
+    assert a.transmission_view() == [] and take(b, "TargetQ") == []
+    assert [m.body for m in got] == [b"r0", b"r1"]

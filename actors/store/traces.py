@@ -1,0 +1,77 @@
+"""What the store remembers of dialogs after their endpoints go, and the pruning of rows kept for
+a time: target endpoints of dialogs from other brokers (`ended`: a late resend of what they took
+is acknowledged, not delivered again) and initiator dialogs begun `if_absent` (`rerunnable`: a
+re-run finds them ended). A part of `actors.store.database.Store`; its tables are in its SCHEMA."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from actors.store.file import Connection
+
+
+class EndedTraces:
+    """The traces' statements (`Store` is one; `db` is its connection)."""
+
+    db: Connection
+
+    def insert_ended(self, rows: Iterable[tuple[str, int, float]]) -> None:
+        """rows: (conversation_id, recv_seq, at): target endpoints removed, and how many of the
+        initiator's messages each had taken."""
+        self.db.executemany(
+            "INSERT INTO ended (conversation_id, recv_seq, at) VALUES (?,?,?)", rows
+        )
+
+    def ended_recv_seq(self, conversation_id: str) -> int | None:
+        """How many messages the removed target endpoint of `conversation_id` took (None: no
+        such endpoint is remembered)."""
+        row = self.db.execute(
+            "SELECT MAX(recv_seq) FROM ended WHERE conversation_id=?", (conversation_id,)
+        ).fetchone()
+        return row[0]
+
+    def prune_ended(self, before: float) -> None:
+        self._prune_before(("ended",), before)
+        self.db.execute("DELETE FROM rerunnable WHERE ended_at < ?", (before,))
+
+    # --- initiator dialogs begun `if_absent` (a re-run of the same Begin finds them) -------------
+
+    def trace_reruns(self, handles: Iterable[str]) -> None:
+        """Dialogs just begun with `if_absent`: their handles, while they live."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO rerunnable (handle) VALUES (?)", ((h,) for h in handles)
+        )
+
+    def rerunnable_handles(self) -> list[str]:
+        """The live dialogs begun with `if_absent`."""
+        q = "SELECT handle FROM rerunnable WHERE ended_at IS NULL"
+        return [h for (h,) in self.db.execute(q)]
+
+    def end_reruns(self, rows: Iterable[tuple[str, str, str, str, str, int, float]]) -> None:
+        """rows: (handle, conversation_id, service, far_service, contract, send_seq, ended_at)
+        of dialogs begun with `if_absent` whose initiator endpoint just went."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO rerunnable (handle, conversation_id, service, far_service, "
+            "contract, send_seq, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    def forget_reruns(self, handles: Iterable[str]) -> None:
+        self.db.executemany("DELETE FROM rerunnable WHERE handle=?", ((h,) for h in handles))
+
+    def ended_rerun(self, handle: str) -> tuple[str, str, str, str, int] | None:
+        """(conversation_id, service, far_service, contract, send_seq) of the ended dialog begun
+        with `if_absent` on `handle` (None: none is remembered)."""
+        return self.db.execute(
+            "SELECT conversation_id, service, far_service, contract, send_seq FROM rerunnable "
+            "WHERE handle=? AND ended_at IS NOT NULL",
+            (handle,),
+        ).fetchone()
+
+    def _prune_before(self, tables: Iterable[str], before: float) -> None:
+        # rows come in time order: delete those before the first one young enough to keep
+        for table in tables:
+            q = f"SELECT rowid FROM {table} WHERE at >= ? ORDER BY rowid LIMIT 1"
+            self.db.execute(
+                f"DELETE FROM {table} WHERE rowid < COALESCE(({q}), 1 << 62)", (before,)
+            )
