@@ -12,7 +12,7 @@ import signal
 import pytest
 from pyspark.sql import functions as F
 
-from actors import IngestError
+from actors import End, IngestError
 from actors.errors import UnknownMessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
 from spark_bridge.plan import dialog_id
@@ -162,6 +162,38 @@ def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broke
         audit_frame(spark, orders_broker), df, ingest_id="rerun-1", key="customer", order="ts"
     )
     assert result.ok and result.delivered == 2000
+
+
+def _end_every_dialog(broker, queue: str) -> int:
+    """Receive what waits on `queue` and end each conversation it came on, in the commit."""
+    ended = 0
+    while got := broker.receive(queue, max_groups=100, top=100_000):
+        handles = {m.conversation_handle for g in got for m in g.messages}
+        broker.commit(got, ops=[End(h) for h in handles])
+        ended += len(handles)
+    return ended
+
+
+def test_an_ingest_run_again_after_its_dialogs_ended_and_went_sends_nothing_twice(
+    spark, make_broker
+):
+    """The target ends every dialog, the initiator ends its side on the EndDialog, and both
+    ends are purged (closed_retention_s=0): a re-run of the ingest with its id begins nothing
+    again and sends nothing; the audit still reconciles every row once."""
+    b = make_broker(limits={"closed_retention_s": 0})
+    define_orders(b)
+    df = orders_frame(spark, 600, 6)
+    first = ingest(df, b, **SEND, **ORDER_COLUMNS, ingest_id="purged-1", progress=False)
+    assert _end_every_dialog(b, "FulfilmentQueue") == 6
+    wait_until(lambda: _end_every_dialog(b, "OrdersQueue") == 6, 30, "the six EndDialogs")
+    wait_until(lambda: b.endpoints() == [], 30, "both ends of every dialog purged")
+
+    again = ingest(df, b, **SEND, **ORDER_COLUMNS, ingest_id="purged-1", progress=False)
+
+    assert (first.sent, again.sent, again.rows) == (600, 0, 600)
+    assert b.endpoints() == [] and b.queues()["FulfilmentQueue"]["depth"] == 0
+    result = reconcile(audit_frame(spark, b), df, ingest_id="purged-1", key="customer", order="ts")
+    assert result.ok and result.delivered == 600
 
 
 def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, orders_broker):
