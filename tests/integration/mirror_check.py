@@ -47,6 +47,7 @@ from actors.remote.mirrored import (
     mirror_status,
     start_mirrored_broker,
 )
+from actors.remote.runtime import local_cluster
 from tests.polling import wait_until  # the project's root is on the path (in_own_process)
 
 DIALOGS = 20
@@ -57,8 +58,7 @@ RESUME_AT = 2 * ROUNDS // 3
 
 def scenario(root: str, result: dict[str, Any]) -> None:
     t0 = time.monotonic()
-    quick = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": quick})
+    cluster = local_cluster()
     try:
         node_a = cluster.add_node(num_cpus=1, resources={"zone_a": 1})
         cluster.add_node(num_cpus=1, resources={"zone_b": 1})

@@ -34,6 +34,7 @@ from ray.cluster_utils import Cluster
 from actors import Begin, Send
 from actors.errors import BrokerUnavailable, LockNotHeld
 from actors.remote.client import connect
+from actors.remote.runtime import local_cluster
 from tests.polling import wait_until  # run as a script, the project's root on the path
 from topologies.deploy import deploy
 from topologies.loader import load
@@ -128,10 +129,7 @@ def audit_keys(store: Any) -> tuple[Counter[tuple[str, int]], int]:
 def scenario(root: str, result: dict[str, Any]) -> None:
     """Start the cluster, run the stream with a node killed in it, and fill in `result`."""
     t0 = time.monotonic()
-    # Ray notices a crashed node by missed health checks (by default after about 15 s); a check
-    # every 0.5 s and 4 misses keep the wait for the restart short.
-    quick = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": quick})
+    cluster = local_cluster()
     try:
         node_a = cluster.add_node(num_cpus=1, resources={"zone_a": 1})
         b_nodes = [cluster.add_node(num_cpus=1, resources={"zone_b": 1}) for _ in range(2)]

@@ -11,11 +11,14 @@ from actors.tools.cli import main
 
 from .test_bench_peers import FIELDS as ROW_FIELDS  # every bench row has these keys
 
+SMOKE = ["--quick", "--messages", "2000", "--repeats", "1"]
+
 
 @pytest.mark.slow
 def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert main(["bench", "local", "--quick", "--repeats", "1", "--json", str(path)]) == 0
+    # smoke tests of the commands: the report's shape and checks at a small size, no warm-up
+    assert main(["bench", "local", *SMOKE, "--json", str(path)]) == 0
     report = json.loads(path.read_text())
     assert report["scenario"] == "local" and report["params"]["messages"] > 0
     systems = {(r["system"], r["variant"]) for r in report["rows"]}
@@ -33,7 +36,7 @@ def test_bench_local_writes_the_report_shape(ray_session, tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path, capsys):
     path = tmp_path / "ddr.json"
-    assert main(["bench", "ddr", "--quick", "--repeats", "1", "--json", str(path)]) == 0
+    assert main(["bench", "ddr", *SMOKE, "--json", str(path)]) == 0
     assert "x direct" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert report["scenario"] == "ddr"

@@ -214,7 +214,8 @@ def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_
 def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp_path):
     # its own three-node cluster, so in a process of its own (this one has the session's Ray)
     path = tmp_path / "mirror.json"
-    args = ["-m", "actors.tools.cli", "bench", "mirror", "--quick", "--repeats", "3"]
+    args = ["-m", "actors.tools.cli", "bench", "mirror", "--quick", "--messages", "3000"]
+    args += ["--repeats", "3"]
     run = in_own_process([*args, "--json", str(path)], timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(path.read_text())

@@ -30,6 +30,7 @@ from actors import Begin, Queue, Send, Service, start_broker
 from actors.errors import InvalidArgument
 from actors.remote.client import Broker
 from actors.remote.mirrored import MirroredBroker, Partner, mirror_status, start_mirrored_broker
+from actors.remote.runtime import local_cluster
 from actors.store.audit import read_all
 from actors.tools.bench.local import receive_all, send_all
 from actors.tools.bench.repeat import check_repeats
@@ -68,11 +69,8 @@ def run(
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-mirror-") as tmp:
         os.environ["RAY_TMPDIR"] = tmp  # this cluster's session files stay apart
         os.environ.pop("RAY_ADDRESS", None)
-        quick = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
         progress("starting a 3-node local Ray cluster (head, zone_a, zone_b)")
-        cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": quick}
-        )
+        cluster = local_cluster()
         try:
             node_a = cluster.add_node(num_cpus=1, resources={"zone_a": 1})
             cluster.add_node(num_cpus=1, resources={"zone_b": 1})

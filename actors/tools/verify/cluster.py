@@ -11,13 +11,12 @@ import os
 from typing import Any
 
 import ray
-from ray.cluster_utils import Cluster
 
+from actors.remote.runtime import local_cluster
 from actors.tools.verify.topology import HEAD_RESOURCE, STORE_RESOURCE
 
 # Ray notices a crashed node by missed health checks (by default after about 15 s); a check
 # every 0.5 s and 4 misses keep the wait for a moved broker short.
-QUICK_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
 
 
 def ray_running() -> bool:
@@ -38,15 +37,7 @@ class LocalCluster:
         # Ray reads RAY_TMPDIR for its session files and its "current cluster" address file.
         os.environ["RAY_TMPDIR"] = self.root
         os.environ.pop("RAY_ADDRESS", None)
-        self.cluster = Cluster(
-            initialize_head=True,
-            head_node_args={
-                "num_cpus": self.head_cpus,
-                "resources": {HEAD_RESOURCE: 1000},
-                "include_dashboard": False,  # its fixed port may be taken by another Ray here
-                "_system_config": QUICK_HEALTH,
-            },
-        )
+        self.cluster = local_cluster(num_cpus=self.head_cpus, resources={HEAD_RESOURCE: 1000})
         ray.init(
             address=self.cluster.address,
             logging_level=logging.ERROR,
