@@ -29,25 +29,58 @@ class Conversations(Part):
     def __init__(self, uow: UnitOfWork, delivery: Delivery) -> None:
         super().__init__(uow)
         self.delivery = delivery
+        # while a call's operations are applied: they, and the ended dialogs begun if absent
+        # that its handles name (handle -> what the store remembers, or None), once asked
+        self._ops: Sequence[Op] = ()
+        self._ended: dict[str, tuple[str, str, str, str, int] | None] | None = None
 
     def apply_ops(self, w: Changes, ops: Sequence[Op], held: frozenset[int]) -> dict[str, Any]:
         """Apply operations in order; `held`: the groups the caller holds locked (a commit)."""
         check_call_size(ops, self.state.limits.max_call_bytes)  # before any op: nothing changes
         handles: list[str] = []
         sent = 0
-        for op in ops:
-            if isinstance(op, Send):
-                sent += self.send(w, op)
-            elif isinstance(op, Begin):
-                handles.append(self.begin(w, op))
-            elif isinstance(op, End):
-                self.end(w, op, held)
-            elif isinstance(op, Timer):
-                self.timer(w, op)
-            else:
-                raise InvalidArgument(f"{op!r} is not an operation; use Begin, Send, End or Timer")
+        self._ops, self._ended = ops, None
+        try:
+            for op in ops:
+                if isinstance(op, Send):
+                    sent += self.send(w, op)
+                elif isinstance(op, Begin):
+                    handles.append(self.begin(w, op))
+                elif isinstance(op, End):
+                    self.end(w, op, held)
+                elif isinstance(op, Timer):
+                    self.timer(w, op)
+                else:
+                    raise InvalidArgument(
+                        f"{op!r} is not an operation; use Begin, Send, End or Timer"
+                    )
+        finally:
+            self._ops, self._ended = (), None
         w.sent += sent  # counted once the unit commits
         return {"handles": handles, "sent": sent}
+
+    def _ended_rerun(self, handle: str) -> tuple[str, str, str, str, int] | None:
+        """(conversation_id, service, far_service, contract, send_seq) of the ended dialog begun
+        if absent on `handle`, if the store remembers one. The first time a call asks, one query
+        answers for every Begin ... if absent of the call whose handle is not live (an ingest's
+        first run begins thousands, none remembered)."""
+        known = self._ended
+        if known is None:
+            live = self.state.handles
+            asked = {
+                op.handle
+                for op in self._ops
+                if isinstance(op, Begin)
+                and op.if_absent
+                and isinstance(op.handle, str)
+                and op.handle not in live
+            }
+            asked.add(handle)
+            found = self.store.ended_reruns(list(asked))
+            known = self._ended = {h: found.get(h) for h in asked}
+        elif handle not in known:
+            known[handle] = self.store.ended_reruns([handle]).get(handle)
+        return known[handle]
 
     def begin(self, w: Changes, op: Begin) -> str:
         st = self.state
@@ -58,7 +91,7 @@ class Conversations(Part):
             live = st.handles.get(op.handle) if isinstance(op.handle, str) else None
             if live is not None:
                 return self._begun(op, live.is_initiator, *live.identity())
-            ended = self.store.ended_rerun(op.handle) if isinstance(op.handle, str) else None
+            ended = self._ended_rerun(op.handle) if isinstance(op.handle, str) else None
             if ended is not None:  # a re-run after the dialog ended and went: not again
                 return self._begun(op, True, *ended[:4])
         if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
@@ -196,7 +229,7 @@ class Conversations(Part):
         ep = self.state.handles.get(handle) if isinstance(handle, str) else None
         if ep is not None:
             return op.at + len(op.bodies) <= ep.send_seq
-        ended = self.store.ended_rerun(handle) if isinstance(handle, str) else None
+        ended = self._ended_rerun(handle) if isinstance(handle, str) else None
         if ended is None:
             return False  # not a dialog: st.endpoint says so
         sent = ended[4]

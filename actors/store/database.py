@@ -23,7 +23,7 @@ from actors.calls.ordering import RequestId
 from actors.errors import InvalidArgument, StoreError
 from actors.packing import packb
 from actors.store.checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
-from actors.store.file import Connection, check_file, lock, reason
+from actors.store.file import Connection, check_file, lock, marks, parts, reason
 from actors.store.savepoints import HeldWrites, Savepoint
 from actors.store.traces import EndedTraces
 from actors.store.transmission import TransmissionRows
@@ -356,10 +356,10 @@ class Store(TransmissionRows, EndedTraces):
     def queue_rows(self, group_nos: Sequence[int], limit: int) -> list[tuple[Any, ...]]:
         """Messages of the given groups in queue order, for the queue view (with status)."""
         out: list[tuple[Any, ...]] = []
-        for chunk in _parts(list(group_nos)):
+        for chunk in parts(list(group_nos)):
             out += self.db.execute(
                 f"SELECT {MESSAGE_COLUMNS}, group_no, status FROM messages "
-                f"WHERE group_no IN ({_marks(chunk)}) ORDER BY id LIMIT ?",
+                f"WHERE group_no IN ({marks(chunk)}) ORDER BY id LIMIT ?",
                 (*chunk, limit),
             ).fetchall()
         out.sort(key=lambda r: r[0])
@@ -414,12 +414,12 @@ class Store(TransmissionRows, EndedTraces):
         calls of one numbered client call share a row (see `put_requests`)."""
         out: dict[RequestId, bytes] = {}
         named = [i for i in ids if type(i) is str]
-        for part in _parts(named):
-            q = f"SELECT request_id, result FROM requests WHERE request_id IN ({_marks(part)})"
+        for part in parts(named):
+            q = f"SELECT request_id, result FROM requests WHERE request_id IN ({marks(part)})"
             out.update(self.db.execute(q, part).fetchall())
         placed = {i for i in ids if isinstance(i, tuple)}
-        for part in _parts(list({f"{c}:{n}" for c, n, _ in placed})):
-            q = f"SELECT call, results FROM call_requests WHERE call IN ({_marks(part)})"
+        for part in parts(list({f"{c}:{n}" for c, n, _ in placed})):
+            q = f"SELECT call, results FROM call_requests WHERE call IN ({marks(part)})"
             for call, blob in self.db.execute(q, part).fetchall():
                 client, number = call.rsplit(":", 1)
                 for index, result in msgpack.unpackb(blob, strict_map_key=False).items():
@@ -453,13 +453,3 @@ class Store(TransmissionRows, EndedTraces):
 
     def prune_requests(self, before: float) -> None:
         self._prune_before(("requests", "call_requests"), before)
-
-
-def _parts(items: list[Any]) -> Iterator[list[Any]]:
-    """`items` in runs within SQLite's bound on a statement's parameters."""
-    for i in range(0, len(items), 500):
-        yield items[i : i + 500]
-
-
-def _marks(part: list[Any]) -> str:
-    return ",".join("?" * len(part))

@@ -13,9 +13,22 @@ import json
 import os
 import socket
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 from actors.errors import StoreError, StoreInUse
+
+
+def parts(items: list[Any]) -> Iterator[list[Any]]:
+    """`items` in runs within SQLite's bound on a statement's parameters (for `IN (...)`)."""
+    for i in range(0, len(items), 500):
+        yield items[i : i + 500]
+
+
+def marks(part: list[Any]) -> str:
+    """The `?` placeholders of one run: `IN ({marks(part)})`."""
+    return ",".join("?" * len(part))
+
 
 # --- faults: every SQLite error that is about the file or the disk becomes a StoreError ----------
 

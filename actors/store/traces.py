@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from actors.store.file import Connection
+from actors.store.file import Connection, marks, parts
 
 
 class EndedTraces:
@@ -59,14 +59,17 @@ class EndedTraces:
     def forget_reruns(self, handles: Iterable[str]) -> None:
         self.db.executemany("DELETE FROM rerunnable WHERE handle=?", ((h,) for h in handles))
 
-    def ended_rerun(self, handle: str) -> tuple[str, str, str, str, int] | None:
-        """(conversation_id, service, far_service, contract, send_seq) of the ended dialog begun
-        with `if_absent` on `handle` (None: none is remembered)."""
-        return self.db.execute(
-            "SELECT conversation_id, service, far_service, contract, send_seq FROM rerunnable "
-            "WHERE handle=? AND ended_at IS NOT NULL",
-            (handle,),
-        ).fetchone()
+    def ended_reruns(self, handles: list[str]) -> dict[str, tuple[str, str, str, str, int]]:
+        """Of `handles`, those of ended dialogs begun with `if_absent`: handle -> (conversation_id,
+        service, far_service, contract, send_seq)."""
+        found = {}
+        for part in parts(handles):
+            q = (
+                "SELECT handle, conversation_id, service, far_service, contract, send_seq FROM "
+                f"rerunnable WHERE handle IN ({marks(part)}) AND ended_at IS NOT NULL"
+            )
+            found.update((row[0], row[1:]) for row in self.db.execute(q, part))
+        return found
 
     def _prune_before(self, tables: Iterable[str], before: float) -> None:
         # rows come in time order: delete those before the first one young enough to keep
