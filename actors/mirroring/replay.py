@@ -18,7 +18,7 @@ from typing import Any
 
 from actors.errors import MirrorBehind
 from actors.mirroring.capture import SET_SEQ, Entry, stored_seq
-from actors.store.file import write_new
+from actors.store.file import sync_directory, write_new
 
 CHUNK_BYTES = 8 << 20  # a snapshot travels in pieces of this size
 
@@ -62,13 +62,16 @@ def chunks(data: bytes, size: int = CHUNK_BYTES) -> list[bytes]:
 
 def install(path: str, data: bytes) -> None:
     """Replace the (closed) store file at `path` with `data`. The old -wal and -shm go first: a
-    stale WAL left beside the new file would be replayed onto it."""
+    stale WAL left beside the new file would be replayed onto it. The directory is synced once
+    the new file is in place, so the rename survives a power cut (the mirror answers the rebuild
+    as done after this)."""
     tmp = f"{path}.rebuild"
     write_new(tmp, data)
     for stale in (f"{path}-wal", f"{path}-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(stale)
     os.replace(tmp, path)
+    sync_directory(os.path.dirname(os.path.abspath(path)))
 
 
 def held_seq(store: Any) -> int:

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from actors.calls.envelope import End, Send, Timer
+from actors.calls.envelope import Begin, End, Send, Timer
 from actors.core import BrokerCore, Limits
 from actors.errors import ContractViolation, MirrorBehind
 from actors.mirroring import replay
@@ -18,12 +18,13 @@ from actors.service.group_commit import GroupCommit
 from actors.store.database import Store
 from tests.unit.conftest import core_snapshot, define_core_catalog, open_core_dialog
 
-TABLES = ("meta", "catalog", "groups", "endpoints", "endpoint_seqs", "messages", "transmission",
-          "routes", "events", "audit", "requests", "call_requests")  # fmt: skip
-
 
 def dump(store: Store) -> dict[str, list]:
-    return {t: store.db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in TABLES}
+    """Every table of the store (whatever tables it has), row by row."""
+    q = "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+    tables = [t for (t,) in store.db.execute(q)]
+    assert {"endpoints", "messages", "ended", "rerunnable"} <= set(tables)
+    return {t: store.db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in tables}
 
 
 @pytest.fixture
@@ -58,6 +59,11 @@ def workload(core: BrokerCore, core_clock) -> None:
     define_core_catalog(core)
     dialogs = [open_core_dialog(core, bodies=[b"a", b"b"]) for _ in range(5)]
     core.apply([Timer(dialogs[0].init, 30)])
+    for n in range(2):  # dialogs begun if absent, as an ingest's: one goes, one lives on
+        rerun = Begin("Init", "Target", "C", handle=f"rerun/{n}", conversation_id=f"rr{n}",
+                      if_absent=True)  # fmt: skip
+        core.apply([rerun, Send(rerun.handle, "Req", [b"r0"], at=0)])
+    core.apply([End("rerun/0", cleanup=True)])
     groups = core.receive("TargetQ", max_groups=3)
     ops = [Send(groups[0].messages[0].conversation_handle, "Reply", [b"r"])]
     core.settle([groups[0].lock_id], [g.lock_id for g in groups[1:]], ops, {}, "req-1")
@@ -176,3 +182,16 @@ def test_repeated_statements_join_but_never_across_a_rolled_back_savepoint(tmp_p
     finally:
         mirror.close()
         principal.close()
+
+
+def test_a_rebuilt_store_is_synced_into_its_directory(tmp_path, monkeypatch):
+    """The rename that puts a rebuilt mirror store in place is made durable (the directory
+    synced) before the rebuild is answered."""
+    synced: list[str] = []
+    real = replay.sync_directory
+    monkeypatch.setattr(replay, "sync_directory", lambda d: (synced.append(d), real(d)))
+    path = tmp_path / "m.sqlite"
+
+    replay.install(str(path), b"the rebuilt store")
+
+    assert path.read_bytes() == b"the rebuilt store" and synced == [str(tmp_path)]
