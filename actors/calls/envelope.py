@@ -50,7 +50,10 @@ class Begin:
     `conversation_id` names the conversation itself (a fresh one by default): a caller that
     derives it from its own data (the Spark bridge: ingest id and key) can find the dialog's
     messages in the audit. `if_absent`: when the handle is already this very dialog (same services
-    and contract), the Begin does nothing, so a re-run begins each dialog once."""
+    and contract), the Begin does nothing, so a re-run begins each dialog once; also when that
+    dialog ended and went, for as long as the broker remembers it (`ended_retention_s`): the
+    handle then names no endpoint, a `Send ... AT` of what it sent before sends nothing, and
+    any other verb on it raises ConversationEnded."""
 
     from_service: str
     to_service: str

@@ -90,10 +90,10 @@ class Conversations(Part):
         if op.if_absent:
             live = st.handles.get(op.handle) if isinstance(op.handle, str) else None
             if live is not None:
-                return self._begun(op, live.is_initiator, *live.identity())
+                return self._begun(op, live.is_initiator, *live.identity(), ended=False)
             ended = self._ended_rerun(op.handle) if isinstance(op.handle, str) else None
             if ended is not None:  # a re-run after the dialog ended and went: not again
-                return self._begun(op, True, *ended[:4])
+                return self._begun(op, True, *ended[:4], ended=True)
         if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
             raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
         lifetime = checks.seconds("dialog lifetime", op.lifetime, none=True)
@@ -162,6 +162,8 @@ class Conversations(Part):
         service: str,
         far_service: str,
         contract: str,
+        *,
+        ended: bool,
     ) -> str:
         """BEGIN ... if absent, on a handle that is (or was, and ended) a dialog: it must be
         this very dialog."""
@@ -173,11 +175,26 @@ class Conversations(Part):
             and op.conversation_id in (None, conversation_id)
         )
         if not same:
+            was = "was a dialog (now ended)" if ended else "is already a dialog"
             raise InvalidArgument(
-                f"conversation handle {op.handle!r} is already a dialog from {service!r} to "
-                f"{far_service!r} on contract {contract!r}, not the one this Begin names"
+                f"conversation handle {op.handle!r} {was} from {service!r} to {far_service!r} "
+                f"on contract {contract!r}, not the one this Begin names"
             )
         return op.handle
+
+    def _endpoint(self, handle: str) -> Endpoint:
+        """The live endpoint on `handle`; ConversationEnded when it is the handle of a dialog
+        begun if absent that ended and went (a re-run's Begin answers with such a handle)."""
+        ep = self.state.handles.get(handle) if isinstance(handle, str) else None
+        if ep is None:
+            if isinstance(handle, str) and self._ended_rerun(handle) is not None:
+                raise ConversationEnded(
+                    f"conversation {handle} ended and its endpoint is gone (it is remembered as "
+                    "a dialog begun if absent, so a re-run does not begin it again); begin "
+                    "another dialog to send more"
+                )
+            return self.state.endpoint(handle)  # ConversationNotFound
+        return ep
 
     def send(self, w: Changes, op: Send) -> int:
         st = self.state
@@ -214,7 +231,7 @@ class Conversations(Part):
                 # a re-run's messages, every one sent before: nothing to send, whatever the
                 # dialog's state since (its target may have ended it, both ends may be gone)
                 continue
-            ep = st.endpoint(handle)
+            ep = self._endpoint(handle)
             check_send(ep, st.catalog.contract(ep.contract), mt)
             bodies = op.bodies if op.at is None else self._unsent(ep, op)
             if bodies:
@@ -228,7 +245,7 @@ class Conversations(Part):
         assert op.at is not None
         ep = self.state.handles.get(handle) if isinstance(handle, str) else None
         if ep is not None:
-            return op.at + len(op.bodies) <= ep.send_seq
+            return op.at + len(op.bodies) <= ep.sent_by_user()
         ended = self._ended_rerun(handle) if isinstance(handle, str) else None
         if ended is None:
             return False  # not a dialog: st.endpoint says so
@@ -255,7 +272,7 @@ class Conversations(Part):
     def end(self, w: Changes, op: End, held: frozenset[int]) -> None:
         st, delivery = self.state, self.delivery
         checks.flag("cleanup", op.cleanup)
-        ep = st.endpoint(op.handle)
+        ep = self._endpoint(op.handle)
         lock = st.locks.by_group.get(ep.group_no)
         if lock is not None and ep.group_no not in held:
             raise GroupLocked(
@@ -272,9 +289,10 @@ class Conversations(Part):
             return
         far = st.far(ep)
         plan = plan_end(ep, op.error, op.description, far_exists=delivery.far_exists(ep, far))
-        if plan.notify is not None:
-            delivery.transmit(w, ep, plan.notify, [plan.body])
         w.touch(ep)
+        if plan.notify is not None:
+            ep.user_sent = ep.send_seq  # the notice takes the next sequence number
+            delivery.transmit(w, ep, plan.notify, [plan.body])
         ep.state = plan.new_state
         if (
             ep.state is State.DISCONNECTED_OUTBOUND
@@ -288,7 +306,7 @@ class Conversations(Part):
                 delivery.close(w, far)  # both sides have ended
 
     def timer(self, w: Changes, op: Timer) -> None:
-        ep = self.state.endpoint(op.handle)
+        ep = self._endpoint(op.handle)
         timeout = checks.seconds("timer timeout", op.timeout, zero=True)
         if ep.state is State.CLOSED:
             raise ConversationNotFound(op.handle)

@@ -66,6 +66,9 @@ class BrokerState:
         for handle in store.rerunnable_handles():
             if handle in self.handles:
                 self.handles[handle].rerunnable = True
+        # whether the store remembers any dialog begun if absent (a plain Begin that takes such
+        # a handle again then drops what is remembered of it: actors.core.work)
+        self.reruns = store.has_reruns()
         self.queues: dict[str, QueueIndex] = {q: QueueIndex() for q in self.catalog.queues}
         for g, count, first in store.waiting_by_group():
             self.index_of(g).add(g, first, count, locked=False)

@@ -270,7 +270,10 @@ class UnitOfWork:
                 self.store.forget_reruns(ep.handle for ep in reruns)
             return
         if reruns:
-            self.store.end_reruns((ep.handle, *ep.identity(), ep.send_seq, w.now) for ep in reruns)
+            st.reruns = True
+            self.store.end_reruns(
+                (ep.handle, *ep.identity(), ep.sent_by_user(), w.now) for ep in reruns
+            )
         rows = [
             (ep.conversation_id, ep.recv_seq, w.now)
             for ep in w.dead_endpoints
@@ -289,7 +292,11 @@ class UnitOfWork:
             store.upsert_endpoints(born)
             reruns = [ep.handle for ep in w.new_endpoints if ep.rerunnable and ep.no not in dead]
             if reruns:
-                store.trace_reruns(reruns)
+                store.trace_reruns(reruns)  # replacing what an ended one left on its handle
+                st.reruns = True
+            if st.reruns:  # a plain Begin on the handle of an ended one: that trace goes
+                store.forget_reruns(ep.handle for ep in w.new_endpoints
+                                    if ep.is_initiator and not ep.rerunnable)  # fmt: skip
         eps = st.endpoints
         changed = [no for no in w.touched if no not in dead and no in eps]
         # of those, the ones whose row changed beyond their sequence numbers (few: a send

@@ -37,7 +37,7 @@ SENDABLE = frozenset({State.STARTED_OUTBOUND, State.CONVERSING})
 # `Store.update_endpoints`), as a tuple made in C: compared for every endpoint a commit touches.
 # The state as itself (a str): its `.value` costs an enum descriptor call.
 endpoint_settings = attrgetter(
-    "group_no", "state", "expires_at", "timer_at", "far_broker", "closed_at", "no"
+    "group_no", "state", "expires_at", "timer_at", "far_broker", "closed_at", "user_sent", "no"
 )
 
 
@@ -60,6 +60,9 @@ class Endpoint:
     timer_at: float | None = None  # conversation timer
     far_broker: str | None = None
     closed_at: float | None = None
+    # set when this side ends with an EndDialog or an Error to the far side, which takes the next
+    # sequence number: how many of the dialog's messages its user sent (None: send_seq says)
+    user_sent: int | None = None
     # begun with `if_absent`: remembered after it goes, so a re-run of that Begin and its
     # Send ... AT find it ended rather than begin it again (kept in the store's `rerunnable`)
     rerunnable: bool = False
@@ -71,6 +74,10 @@ class Endpoint:
     def identity(self) -> tuple[str, str, str, str]:
         """What a Begin names of its dialog: conversation id, service, far service, contract."""
         return self.conversation_id, self.service, self.far_service, self.contract
+
+    def sent_by_user(self) -> int:
+        """How many messages this side's user sent (its EndDialog or Error not counted)."""
+        return self.send_seq if self.user_sent is None else self.user_sent
 
     def due_times(self) -> tuple[float | None, float | None, float | None]:
         """When something falls due for this endpoint: its timer, its lifetime, its purge."""
@@ -94,6 +101,7 @@ class Endpoint:
             self.timer_at,
             self.far_broker,
             self.closed_at,
+            self.user_sent,
         )
 
 

@@ -22,8 +22,9 @@ class Limits:
     max_call_bytes: int = 64 << 20  # the bodies of one call (apply, settle), summed
     lease_s: float = 30.0  # how long a receive holds its groups when the caller names no lease
     closed_retention_s: float = 60.0  # closed endpoints linger so late use gets a clear error
-    # a target endpoint removed here is remembered this long (as Service Broker keeps closed
-    # endpoints about half an hour), so a late resend of what it took is not delivered again
+    # a target endpoint of another broker's dialog removed here is remembered this long (as
+    # Service Broker keeps closed endpoints about half an hour), so a late resend of what it took
+    # is not delivered again; so is a dialog begun if absent, so a re-run does not begin it again
     ended_retention_s: float = 1800.0
     audit_rows: int = 100_000  # committed receive batches kept in the delivery audit
     event_rows: int = 10_000

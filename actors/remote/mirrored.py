@@ -34,6 +34,7 @@ from actors.remote.witness import WitnessActor, witness_name
 from actors.service.broker import check_name_and_path
 
 START_S = 60.0  # how long a start waits for the mirror to be in step
+STOP_S = 30.0  # how long a stop waits for the actors' names to be free
 WATCH_S = 0.25  # a call not answered by then asks the witness for the principal (then doubling,
 WATCH_MAX_S = 0.5  # up to this)
 
@@ -77,11 +78,26 @@ def start_mirrored_broker(
     Limits.of(limits or {})
     names = (witness_name(name), principal.name, mirror.name)
     running = [n for n in names if _running(n, namespace)]
+    if names[0] in running:  # other partners than its witness has: say so, as it would
+        roles = roles_of(name, namespace)
+        if {roles["principal"], roles["mirror"]} != {principal.name, mirror.name}:
+            raise MirrorMismatch(
+                f"mirrored broker {name!r} runs with partners {roles['principal']!r} and "
+                f"{roles['mirror']!r}, not {principal.name!r} and {mirror.name!r}"
+            )
     if running and len(running) < len(names):
+        stop = (
+            f"stop_mirrored_broker({name!r})"
+            if names[0] in running
+            else " and ".join(
+                f"ray.kill(ray.get_actor({n!r}, namespace={namespace!r}))" for n in running
+            )  # fmt: skip
+        )
         raise MirrorMismatch(
             f"mirrored broker {name!r} runs only in part ({', '.join(map(repr, running))} of "
             f"{', '.join(map(repr, names))}): the actors of one start share a key that a new one "
-            "cannot join. Stop it (stop_mirrored_broker) and start it again; the stores stay"
+            f"cannot join. Stop what runs ({stop}), then start it again; the stores and the "
+            "witness's record stay"
         )
     # a new start's key; ignored by actors that already run (get_if_exists), which keep theirs
     key = PairKey(name, new_key(), (principal.name, mirror.name))
@@ -155,7 +171,10 @@ def start_mirrored_broker(
         if status["synchronized"]:
             return handle
         reason = status["principal_state"].get("reason", "")
-        if "MirrorMismatch" in reason or "holds broker" in reason or time.monotonic() > deadline:
+        # a mismatched store, or actors of two starts (one died between the check above and
+        # its creation here) whose calls to each other are refused: no use waiting
+        broken = ("MirrorMismatch", "holds broker", "MirrorCallerRefused", "refused: the caller")
+        if any(b in reason for b in broken) or time.monotonic() > deadline:
             _kill([*actors, witness], wpath)
             raise MirrorMismatch(f"mirrored broker {name!r}: the mirror did not come in step: "
                                  f"{reason}")  # fmt: skip
@@ -236,11 +255,16 @@ def failover(name: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
 
 
 def stop_mirrored_broker(name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
-    """Stop both partners and the witness (the stores and the witness file stay)."""
+    """Stop both partners and the witness (the stores and the witness file stay); returns once
+    their names are free, so the mirrored broker can be started again at once."""
     roles = roles_of(name, namespace)
-    for actor_name in (roles["principal"], roles["mirror"], witness_name(name)):
+    names = (roles["principal"], roles["mirror"], witness_name(name))
+    for actor_name in names:
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(actor_name, namespace=namespace), no_restart=True)
+    deadline = time.monotonic() + STOP_S
+    while any(_running(n, namespace) for n in names) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class MirroredBroker(Broker):

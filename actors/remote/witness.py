@@ -104,7 +104,8 @@ class WitnessActor:
         self, candidate: str, epoch: int, manual: bool, reason: str, proof: bytes
     ) -> dict[str, Any]:
         """Make `candidate` principal (see `roles.promote`); raises NoFailover or StaleEpoch,
-        or MirrorCallerRefused when the call does not come from `candidate`."""
+        or MirrorCallerRefused when the call does not carry a proof made with this start's key
+        for `candidate` (which either partner can make: both hold the key)."""
         self.key.check(candidate, "promote", proof)
         answers = False if manual else await self._principal_answers()
         promoted = roles.promote(

@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS endpoints (
     is_initiator INTEGER NOT NULL, service TEXT NOT NULL, far_service TEXT NOT NULL,
     contract TEXT NOT NULL, group_no INTEGER NOT NULL, state TEXT NOT NULL,
     send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL, expires_at REAL, timer_at REAL,
-    far_broker TEXT, closed_at REAL);
+    far_broker TEXT, closed_at REAL, user_sent INTEGER);
 CREATE INDEX IF NOT EXISTS endpoints_conversation ON endpoints (conversation_id, is_initiator);
 CREATE TABLE IF NOT EXISTS endpoint_seqs (
     no INTEGER PRIMARY KEY, send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL);
@@ -78,7 +78,7 @@ CREATE INDEX IF NOT EXISTS rerunnable_ended ON rerunnable (ended_at) WHERE ended
 
 ENDPOINT_COLUMNS = (
     "no, handle, conversation_id, is_initiator, service, far_service, contract, group_no, state, "
-    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at"
+    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent"
 )
 ENDPOINT_COLUMNS_LIVE = ENDPOINT_COLUMNS.replace("send_seq, recv_seq", "s.send_seq, s.recv_seq")
 MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"
@@ -244,7 +244,11 @@ class Store(TransmissionRows, EndedTraces):
     def _seqs_of_older_stores(self) -> None:
         """Endpoints without a row in `endpoint_seqs` (a store written before it existed, or
         rows an earlier raybroker wrote since) get theirs from the endpoints table, on every
-        open; those that have one keep it."""
+        open; those that have one keep it. An endpoints table written before `user_sent`
+        existed gets the column (empty: such endpoints' users sent all their messages)."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(endpoints)")}
+        if "user_sent" not in columns:
+            self.db.execute("ALTER TABLE endpoints ADD COLUMN user_sent INTEGER")
         self.db.execute(
             "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
         )
@@ -258,7 +262,7 @@ class Store(TransmissionRows, EndedTraces):
         rows = list(rows)
         self.db.executemany(
             f"INSERT OR REPLACE INTO endpoints ({ENDPOINT_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"VALUES ({', '.join('?' * ENDPOINT_COLUMNS.count(','))}, ?)",
             rows,
         )
         self.db.executemany(
@@ -268,10 +272,11 @@ class Store(TransmissionRows, EndedTraces):
 
     def update_endpoints(self, rows: Iterable[Sequence[Any]]) -> None:
         """Stored endpoints' columns that change after BEGIN DIALOG (no index), but their
-        sequence numbers: (group_no, state, expires_at, timer_at, far_broker, closed_at, no)."""
+        sequence numbers: (group_no, state, expires_at, timer_at, far_broker, closed_at,
+        user_sent, no)."""
         self.db.executemany(
             "UPDATE endpoints SET group_no=?, state=?, expires_at=?, timer_at=?, far_broker=?, "
-            "closed_at=? WHERE no=?",
+            "closed_at=?, user_sent=? WHERE no=?",
             rows,
         )
 

@@ -42,6 +42,10 @@ class EndedTraces:
             "INSERT OR REPLACE INTO rerunnable (handle) VALUES (?)", ((h,) for h in handles)
         )
 
+    def has_reruns(self) -> bool:
+        """Whether any dialog begun with `if_absent` is remembered, live or ended."""
+        return self.db.execute("SELECT 1 FROM rerunnable LIMIT 1").fetchone() is not None
+
     def rerunnable_handles(self) -> list[str]:
         """The live dialogs begun with `if_absent`."""
         q = "SELECT handle FROM rerunnable WHERE ended_at IS NULL"

@@ -270,14 +270,19 @@ def test_calls_between_partners_from_anyone_else_are_refused_and_change_nothing(
     witness = ray.get_actor(f"{name}.witness", namespace="raybroker")
     partner = ray.get_actor(mirror, namespace="raybroker")
     other_start = PairKey(name, new_key(), (principal, mirror))
-    for proof in (b"", bytes(32), other_start.prove(principal, "x")):
+    # no proof, a made-up one, and the right proof for each call but of another start's key
+    for prove in (lambda c, m: b"", lambda c, m: bytes(32), other_start.prove):
         calls = {
-            "set_synchronized": witness.set_synchronized.remote(principal, epoch, False, proof),
-            "promote": witness.promote.remote(mirror, epoch, True, "forced", proof),
-            "held": partner.held.remote(principal, proof, epoch, "line"),
-            "apply": partner.apply.remote(principal, proof, epoch, "line", []),
+            "set_synchronized": witness.set_synchronized.remote(
+                principal, epoch, False, prove(principal, "set_synchronized")
+            ),
+            "promote": witness.promote.remote(
+                mirror, epoch, True, "forced", prove(mirror, "promote")
+            ),
+            "held": partner.held.remote(principal, prove(principal, "held"), epoch, "line"),
+            "apply": partner.apply.remote(principal, prove(principal, "apply"), epoch, "line", []),
             "rebuild": partner.rebuild.remote(
-                principal, proof, epoch, "line", held, [b"not a store"], "broker-id"
+                principal, prove(principal, "rebuild"), epoch, "line", held, [b"junk"], "id"
             ),
         }
         for method, ref in calls.items():

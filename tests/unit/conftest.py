@@ -117,6 +117,11 @@ def core_snapshot(core: BrokerCore) -> dict:
         "groups": sorted(core.groups_view(), key=lambda g: g["conversation_group_id"]),
         "transmission": core.transmission_view(),
         "definitions": core.definitions(),
+        # what the store remembers of dialogs that went (actors.store.traces)
+        "traces": {
+            t: core.store.db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall()
+            for t in ("ended", "rerunnable")
+        },
     }
 
 

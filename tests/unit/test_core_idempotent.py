@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.calls.envelope import Begin, End, Send, pack_ops, unpack_ops
+from actors.calls.envelope import Begin, End, Send, Timer, pack_ops, unpack_ops
 from actors.errors import ConversationEnded, InvalidArgument
 from actors.model.catalog import END_DIALOG
 from actors.model.limits import Limits
@@ -195,3 +195,54 @@ def test_once_the_trace_is_pruned_a_rerun_begins_the_dialog_again(make_core, cor
         again = core.apply([INGEST, Send(INGEST.handle, "Req", [b"a"], at=0)])
 
         assert again["sent"] == 1 and [m.body for m in receive_all(core, "TargetQ")] == [b"a"]
+
+
+@pytest.mark.parametrize("error", [None, 50001], ids=["end", "end-with-error"])
+def test_when_the_initiator_ended_first_its_notice_is_not_counted_as_a_row_sent(
+    core, core_clock, error
+):
+    """END (or END WITH ERROR) on the initiator takes the dialog's next sequence number for its
+    EndDialog or Error: a re-run with a row beyond those sent is refused, never skipped, while
+    the dialog lingers and once both ends have gone."""
+    core.apply([INGEST, Send(INGEST.handle, "Req", [b"a", b"b"], at=0)])
+    core.apply([End(INGEST.handle, error, "cancelled" if error else "")])
+    three = [INGEST, Send(INGEST.handle, "Req", [b"a", b"b", b"c"], at=0)]
+    with pytest.raises(ConversationEnded):
+        core.apply(three)  # still there: ended on this side
+    got = receive_all(core, "TargetQ")  # two rows, then the notice
+    assert [m.body for m in got[:2]] == [b"a", b"b"] and len(got) == 3
+    core.apply([End(got[0].conversation_handle)])  # the target ends on the EndDialog or Error
+    receive_all(core, "InitQ")
+    core_clock.advance(Limits().closed_retention_s + 1)
+    core.tick()
+    assert core.endpoints_view() == []
+
+    with pytest.raises(ConversationEnded, match="ended after sending 2 messages.*1 it never sent"):
+        core.apply(three)
+    assert core.apply([INGEST, Send(INGEST.handle, "Req", [b"a", b"b"], at=0)])["sent"] == 0
+
+
+def test_other_verbs_on_the_handle_of_a_dialog_that_went_say_it_ended(core, core_clock, snapshot):
+    """A re-run's Begin answers with the handle of the dialog that ended and went; a plain Send,
+    an End or a timer on it is refused as ended (not as a handle never seen), changing nothing."""
+    _both_ends_gone(core, core_clock, INGEST, [b"a"])
+    before = snapshot(core)
+    for op in (Send(INGEST.handle, "Req", [b"more"]), End(INGEST.handle), Timer(INGEST.handle, 5)):
+        with pytest.raises(ConversationEnded, match="ended and its endpoint is gone"):
+            core.apply([INGEST, op])
+    assert snapshot(core) == before
+
+
+def test_a_plain_begin_on_the_handle_of_a_dialog_that_went_drops_what_was_remembered(
+    core, core_clock
+):
+    _both_ends_gone(core, core_clock, INGEST, [b"a"])
+    plain = Begin("Init", "Target", "C", handle=INGEST.handle, conversation_id="plain")
+    core.apply([plain, Send(plain.handle, "Req", [b"p"])])  # a new dialog on the same handle
+    receive_all(core, "TargetQ")
+    core.apply([End(plain.handle, cleanup=True)])
+
+    # what went last on the handle is the plain dialog, of which nothing is remembered
+    again = core.apply([INGEST, Send(INGEST.handle, "Req", [b"a"], at=0)])
+
+    assert again["sent"] == 1 and [m.body for m in receive_all(core, "TargetQ")] == [b"a"]

@@ -64,6 +64,7 @@ def _endpoint_row(no: int, state: str = "CONVERSING") -> tuple:
         None,
         None,
         None,
+        None,
     )
 
 
@@ -253,9 +254,9 @@ def test_upserting_an_endpoint_replaces_its_row(store):
 def test_an_endpoints_sequence_numbers_and_other_columns_are_updated_apart(store):
     store.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
     store.update_endpoint_seqs([(7, 9, 1)])  # (send_seq, recv_seq, no)
-    store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 2)])
+    store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 5, 2)])
     want_1 = (*_endpoint_row(1)[:9], 7, 9, *_endpoint_row(1)[11:])
-    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0)
+    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0, 5)
     assert sorted(store.load_endpoints()) == [want_1, want_2]
 
 
@@ -291,6 +292,20 @@ def test_an_endpoint_an_earlier_raybroker_wrote_gets_its_numbers_on_the_next_ope
     s.close()
     s = Store(path)
     assert sorted(s.load_endpoints()) == [_endpoint_row(1), _endpoint_row(2)]
+    s.close()
+
+
+def test_a_store_written_before_user_sent_gets_the_column_and_keeps_its_endpoints(path):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(1)])
+    s.db.execute("ALTER TABLE endpoints DROP COLUMN user_sent")  # as the previous release has it
+    s.close()
+    s = Store(path)
+    assert s.load_endpoints() == [_endpoint_row(1)]
+    s.update_endpoints([(1, "DISCONNECTED_OUTBOUND", None, None, None, None, 2, 1)])
+    s.close()
+    s = Store(path)
+    assert s.load_endpoints()[0][-1] == 2
     s.close()
 
 

@@ -15,9 +15,6 @@ import ray
 from actors.remote.runtime import local_cluster
 from actors.tools.verify.topology import HEAD_RESOURCE, STORE_RESOURCE
 
-# Ray notices a crashed node by missed health checks (by default after about 15 s); a check
-# every 0.5 s and 4 misses keep the wait for a moved broker short.
-
 
 def ray_running() -> bool:
     """Whether this process is connected to a Ray already (verify then runs in another)."""
