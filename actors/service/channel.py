@@ -44,6 +44,10 @@ TICKET_S = 60.0  # a ticket is good for one connection made within this long
 TICKET_BYTES = 64  # a ticket frame's most (ours are 32)
 UNTICKETED_MAX = 64  # connections without a ticket yet, at most; more are closed at once
 UNTICKETED_PER_SOURCE = 16  # of those, from one address
+# connections the kernel completes before the broker accepts them (asyncio's default: 100):
+# a burst of connections without a ticket, which the broker closes as it accepts them, must
+# not fill the queue and leave a client's connect unanswered (capped by net.core.somaxconn)
+ACCEPT_BACKLOG = 1024
 INFLIGHT_MAX = 128  # a connection's calls running at once; reading pauses at this many
 PORTS_ENV = "RAYBROKER_CHANNEL_PORTS"
 
@@ -119,7 +123,9 @@ class ChannelServer:
         error: OSError | None = None
         for port in self.ports:
             try:
-                return await loop.create_server(lambda: _Served(self), self.host, port)
+                return await loop.create_server(
+                    lambda: _Served(self), self.host, port, backlog=ACCEPT_BACKLOG
+                )
             except OSError as exc:  # in use: the next one
                 error = exc
         raise ChannelRefused(

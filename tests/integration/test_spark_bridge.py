@@ -8,11 +8,13 @@ import contextlib
 import json
 import os
 import signal
+import uuid
+from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import functions as F
 
-from actors import End, IngestError
+from actors import Broker, End, IngestError, start_broker
 from actors.errors import UnknownMessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
 from spark_bridge.plan import dialog_id
@@ -57,6 +59,23 @@ def orders_broker(make_broker):
     b = make_broker()
     define_orders(b)
     return b
+
+
+@pytest.fixture(scope="module")
+def refusing_broker(ray_session, tmp_path_factory) -> Iterator[Broker]:
+    """One orders broker for the module's ingests that must be refused before anything is
+    sent: each of those tests ends by checking that it is still empty (a broker start for each
+    was most of their time)."""
+    name = f"refusing-{uuid.uuid4().hex[:8]}"
+    b = start_broker(name, str(tmp_path_factory.mktemp("refusing") / f"{name}.sqlite"))
+    define_orders(b)
+    yield b
+    b.stop()
+
+
+def assert_nothing_sent(b: Broker) -> None:
+    assert b.queue("FulfilmentQueue") == [] and b.endpoints() == []
+    assert b.transmission_queue() == []
 
 
 def test_the_session_cuts_shuffles_into_two_partitions_per_executor_core(spark):
@@ -286,18 +305,18 @@ def test_rows_failing_validation_are_listed_and_the_rest_delivered(spark, orders
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_sent(
-    spark, orders_broker, change, error, match
+    spark, refusing_broker, change, error, match
 ):
     df = orders_frame(spark, 10, 2)
     args = {"message_type": "Order", "body": "order", "key": "customer", "order": "ts"} | change
 
     with pytest.raises(error, match=match):
-        ingest(df, orders_broker, **SEND, **args, progress=False)
+        ingest(df, refusing_broker, **SEND, **args, progress=False)
 
-    assert orders_broker.queue("FulfilmentQueue") == [] and orders_broker.endpoints() == []
+    assert_nothing_sent(refusing_broker)
 
 
-def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark, orders_broker):
+def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark, refusing_broker):
     nulls = spark.createDataFrame(
         [("a", '{"id": 1}'), (None, '{"id": 2}')], "customer string, order string"
     )
@@ -306,7 +325,7 @@ def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark
     with pytest.raises(IngestError, match="1 rows have a null key in column 'customer'"):
         ingest(
             nulls,
-            orders_broker,
+            refusing_broker,
             **SEND,
             message_type="Order",
             body="order",
@@ -314,9 +333,9 @@ def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark
             progress=False,
         )
     with pytest.raises(IngestError, match="no rows"):
-        ingest(empty, orders_broker, **SEND, message_type="Order", body="order", progress=False)
+        ingest(empty, refusing_broker, **SEND, message_type="Order", body="order", progress=False)
 
-    assert orders_broker.queue("FulfilmentQueue") == [] and orders_broker.endpoints() == []
+    assert_nothing_sent(refusing_broker)
 
 
 def test_keys_spread_over_several_brokers_and_one_audit_covers_them(spark, make_broker):
