@@ -16,6 +16,18 @@ _COUNTS = {
     "forwarded": "messages relayed to another broker",
 }
 CALL_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000]
+DEPTH, READERS = "raybroker_queue_depth", "raybroker_queue_readers"
+TRANSMISSION, ROUTED = "raybroker_transmission_depth", "raybroker_router_dialogs"
+CALLS = "raybroker_call_ms"
+
+
+def scraped_names() -> set[str]:
+    """Every series name Prometheus scrapes these metrics under from Ray's agents: Ray's `ray_`
+    prefix, a counter's `_total`, a histogram's `_bucket`, `_count` and `_sum` (what
+    docs/grafana/raybroker.json reads)."""
+    counters = {f"ray_raybroker_messages_{k}_total" for k in _COUNTS}
+    gauges = {f"ray_{name}" for name in (DEPTH, READERS, TRANSMISSION, ROUTED)}
+    return counters | gauges | {f"ray_{CALLS}_{part}" for part in ("bucket", "count", "sum")}
 
 
 class RayMetrics:
@@ -29,18 +41,16 @@ class RayMetrics:
         }
         self.seen = dict.fromkeys(_COUNTS, 0)
         q = ("broker", "queue")
-        self.depth = Gauge("raybroker_queue_depth", "messages waiting in a queue", tag_keys=q)
-        self.readers = Gauge("raybroker_queue_readers", "readers serving a queue", tag_keys=q)
-        self.transmission = Gauge(
-            "raybroker_transmission_depth", "messages waiting to leave", tag_keys=("broker",)
-        )
+        self.depth = Gauge(DEPTH, "messages waiting in a queue", tag_keys=q)
+        self.readers = Gauge(READERS, "readers serving a queue", tag_keys=q)
+        self.transmission = Gauge(TRANSMISSION, "messages waiting to leave", tag_keys=("broker",))
         self.routed = Gauge(
-            "raybroker_router_dialogs",
+            ROUTED,
             "dialogs a routing service has routed (since its replica started)",
             tag_keys=("broker", "service"),
         )
         self.calls = Histogram(
-            "raybroker_call_ms",
+            CALLS,
             "milliseconds per client call to the broker (a coalesced batch: once per verb in it)",
             boundaries=CALL_MS,
             tag_keys=("broker", "method"),
