@@ -96,6 +96,50 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # the scopes go out in the order above
+    if _shares_one_ray(config):
+        # The two groups on a session's Ray run on one cluster, started here in the controller
+        # and named to the workers by $RAY_ADDRESS (which they inherit): a second cluster's
+        # start and its idle processes (GCS, raylet, agents, log monitor) for the length of
+        # the run were CPU the tests did not get. Tests with clusters of their own drop the
+        # address (tests/integration/conftest.py: in_own_process).
+        import ray
+
+        from actors.remote.runtime import QUIET, ensure_ray
+
+        os.environ.setdefault(QUIET, "1")  # as tests/integration/conftest.py sets it
+        ensure_ray(num_cpus=8)
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        _shared_ray_started.append(True)
+
+
+_shared_ray_started: list[bool] = []  # in the controller, once it has started the cluster
+_on_shared_ray: set[str] = set()  # the tests on it not yet reported done
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    if _shared_ray_started and not _on_shared_ray:
+        _on_shared_ray.update(i for i in ids if run_order(i) < 2)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In the controller: the shared cluster stops once the last test on it is done (the rest
+    of the run starts clusters of its own or needs none)."""
+    if report.when == "teardown" and report.nodeid in _on_shared_ray:
+        _on_shared_ray.discard(report.nodeid)
+        if not _on_shared_ray and "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _shared_ray_started:
+        sys.modules["ray"].shutdown()
+
+
+def _shares_one_ray(config: pytest.Config) -> bool:
+    """In the controller of a run with pytest-xdist workers, with no cluster named already."""
+    workers = getattr(config.option, "numprocesses", None)
+    controller = workers and not hasattr(config, "workerinput")
+    return bool(controller) and "RAY_ADDRESS" not in os.environ
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -11,6 +11,7 @@ import ray
 # Ray notices a crashed node by missed health checks (by default after about 15 s); a check every
 # 0.5 s and 4 misses keep a test's or a benchmark's wait for the restart short
 QUICK_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+QUIET = "RAYBROKER_QUIET"  # "1": the workers' logs are not printed by the driver
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -19,15 +20,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": os.environ.get(QUIET) != "1"}
     if address:
-        ray.init(address=address, logging_level=logging.ERROR)
+        ray.init(address=address, **quiet)
         return
-    ray.init(
-        num_cpus=num_cpus or max(2, os.cpu_count() or 2),
-        include_dashboard=False,
-        logging_level=logging.ERROR,
-        log_to_driver=os.environ.get("RAYBROKER_QUIET") != "1",
-    )
+    ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False, **quiet)
 
 
 def local_cluster(**head: Any) -> Any:

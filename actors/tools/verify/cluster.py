@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from actors.remote.runtime import local_cluster
+from actors.remote.runtime import QUIET, local_cluster
 from actors.tools.verify.topology import HEAD_RESOURCE, STORE_RESOURCE
 
 
@@ -38,7 +38,7 @@ class LocalCluster:
         ray.init(
             address=self.cluster.address,
             logging_level=logging.ERROR,
-            log_to_driver=os.environ.get("RAYBROKER_QUIET") != "1",
+            log_to_driver=os.environ.get(QUIET) != "1",
         )
 
     def add_store_nodes(self, n: int = 1) -> None:
