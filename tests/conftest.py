@@ -24,6 +24,11 @@ os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 # prestarted, and of the idle ones (a task's) Ray keeps one past its idle timeout (1 s).
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 os.environ.setdefault("RAY_num_workers_soft_limit", "1")
+# A raylet starts at most this many workers at once (Ray's default: the machine's CPUs, 2 here).
+# The two groups on a session's Ray share one raylet (pytest_configure): this keeps the four
+# the two clusters they had before would start, and below it Ray warns every driver, on its
+# console, of "worker processes started" past the limit.
+os.environ.setdefault("RAY_worker_maximum_startup_concurrency", "4")
 
 INTEGRATION = "tests/integration/"  # node ids start with the path from the root
 # integration tests that start a Ray cluster of their own, in a subprocess or a namespace (a
