@@ -44,10 +44,10 @@ OWN_CLUSTER = (
 
 
 # The integration tests on a session's Ray, in two groups of about equal length: each runs in a
-# worker with a Ray (and, for the first, the one Spark session) of its own, its tests together
-# and in this order. Most of their time goes to waiting on Ray, so the two overlap well on 2
-# cores; one group's worker is then free for the tests that start clusters of their own, the
-# other's for the unit tests.
+# worker of its own (the first with the one Spark session), its tests together and in this
+# order, both on the one cluster the controller starts (pytest_configure). The two overlap well
+# on 2 cores; one group's worker is then free for the tests that start clusters of their own,
+# the other's for the unit tests.
 FIRST_GROUP = tuple(
     f"{INTEGRATION}{name}::"
     for name in (
