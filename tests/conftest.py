@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ os.environ.setdefault("RAY_num_workers_soft_limit", "1")
 os.environ.setdefault("RAY_worker_maximum_startup_concurrency", "4")
 
 INTEGRATION = "tests/integration/"  # node ids start with the path from the root
+UNIT = "tests/unit"
 # integration tests that start a Ray cluster of their own, in a subprocess or a namespace (a
 # command run as a user runs it, a cluster of several nodes), longest first
 OWN_CLUSTER = (
@@ -141,10 +143,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _shares_one_ray(config: pytest.Config) -> bool:
-    """In the controller of a run with pytest-xdist workers, with no cluster named already."""
+    """In the controller of a run with pytest-xdist workers, with no cluster named already,
+    unless the run names only Ray-free unit tests."""
     workers = getattr(config.option, "numprocesses", None)
     controller = workers and not hasattr(config, "workerinput")
-    return bool(controller) and "RAY_ADDRESS" not in os.environ
+    units_only = config.args and all(Path(a).as_posix().startswith(UNIT) for a in config.args)
+    return bool(controller) and not units_only and "RAY_ADDRESS" not in os.environ
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
