@@ -54,17 +54,35 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
-@pytest.fixture
-def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
-    """Start brokers with files under this test's tmp_path; all are stopped at the end."""
+def broker_factory(folder: Path) -> tuple[Callable[..., Broker], list[Broker]]:
+    """`make(path=None, name=None, **options)`: start a broker with its file in `folder`; the
+    list holds every broker started, for the fixture to stop."""
     started: list[Broker] = []
 
     def make(path: str | None = None, name: str | None = None, **options: Any) -> Broker:
         name = name or f"test-{uuid.uuid4().hex[:10]}"
-        b = start_broker(name, path or str(tmp_path / f"{name}.sqlite"), **options)
+        b = start_broker(name, path or str(folder / f"{name}.sqlite"), **options)
         started.append(b)
         return b
 
+    return make, started
+
+
+@pytest.fixture
+def make_broker(ray_session, tmp_path) -> Iterator[Callable[..., Broker]]:
+    """Start brokers with files under this test's tmp_path; all are stopped at the end."""
+    make, started = broker_factory(tmp_path)
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def make_module_broker(ray_session, tmp_path_factory) -> Iterator[Callable[..., Broker]]:
+    """make_broker for a module's fixtures: brokers its tests share, stopped after its last
+    test. For tests that each check one refusal leaves a broker as it was (a broker's start,
+    ~1.3 CPU-seconds in Ray, was most of such a test's cost)."""
+    make, started = broker_factory(tmp_path_factory.mktemp("brokers"))
     yield make
     for b in started:
         b.stop()

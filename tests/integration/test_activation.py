@@ -8,12 +8,13 @@ import json
 import pytest
 import ray
 
-from actors import Begin, Queue, Send, Service
+from actors import Begin, Broker, Queue, Send, Service
 from actors.errors import InvalidDefinition
 from actors.model.catalog import Activation
 from tests.polling import wait_until
 
 from .activation_handlers import RECORDER, RECORDER_NAMESPACE, Recorder
+from .conftest import TEST_CODE
 
 COUNT = "actors.activation.handlers:count_in_order"
 SLOW_COUNT = "actors.activation.handlers:slow_count"
@@ -223,6 +224,15 @@ def test_a_hung_handler_is_bounded_by_its_lease_and_its_group_comes_back(broker)
     broker.commit(g)
 
 
+@pytest.fixture(scope="module")
+def unactivated(make_module_broker) -> Broker:
+    """A broker whose WorkQueue has no activation, for the module's refused activations: each
+    test checks that the broker's definitions are as they were."""
+    b = make_module_broker(limits={"code_modules": list(TEST_CODE)})
+    define(b, None)
+    return b
+
+
 @pytest.mark.parametrize(
     "activation",
     [
@@ -233,14 +243,13 @@ def test_a_hung_handler_is_bounded_by_its_lease_and_its_group_comes_back(broker)
         Activation(COUNT, idle_timeout=0),
     ],
 )
-def test_a_bad_activation_is_refused_when_the_queue_is_configured(broker, activation):
-    define(broker, None)
-    before = broker.definitions()
+def test_a_bad_activation_is_refused_when_the_queue_is_configured(unactivated, activation):
+    before = unactivated.definitions()
     with pytest.raises(InvalidDefinition):
-        broker.create(Queue("Other", activation=activation))
+        unactivated.create(Queue("Other", activation=activation))
     with pytest.raises(InvalidDefinition):
-        broker.alter(Queue, "WorkQueue", activation=activation)
-    assert broker.definitions() == before
+        unactivated.alter(Queue, "WorkQueue", activation=activation)
+    assert unactivated.definitions() == before
 
 
 def test_a_handler_outside_the_brokers_code_modules_is_refused_and_nothing_changes(make_broker):

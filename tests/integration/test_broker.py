@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
 
 import pytest
 import ray
@@ -61,6 +62,15 @@ def snapshot(b):
     return b.endpoints(), b.queues(), b.queue("FulfilmentQueue"), b.queue("OrdersQueue")
 
 
+@pytest.fixture(scope="module")
+def orders_broker(make_module_broker) -> Broker:
+    """One orders broker (bodies up to 1,000 bytes) for the module's refusals: each test checks
+    that what it was refused left the broker as it was."""
+    b = make_module_broker(max_body_bytes=1000)
+    define_orders(b)
+    return b
+
+
 @pytest.mark.parametrize("handle", [Broker, LocalBroker], ids=["ray", "local"])
 def test_both_handles_have_every_verb_of_the_handle_protocol_with_the_same_parameters(handle):
     verbs = [n for n, v in vars(BrokerHandle).items() if callable(v) and not n.startswith("_")]
@@ -100,13 +110,12 @@ def test_definitions_are_created_listed_altered_and_dropped_on_a_running_broker(
     ],
 )
 def test_a_bad_definition_is_refused_with_a_typed_error_and_changes_nothing(
-    broker, definition, error
+    orders_broker, definition, error
 ):
-    define_orders(broker)
-    before = broker.definitions()
+    before = orders_broker.definitions()
     with pytest.raises(error):
-        broker.create(definition)
-    assert broker.definitions() == before
+        orders_broker.create(definition)
+    assert orders_broker.definitions() == before
 
 
 def test_dropping_a_definition_in_use_is_refused(broker):
@@ -163,6 +172,13 @@ def test_stop_broker_stops_a_broker_by_name(make_broker):
         connect(b.name)
 
 
+@pytest.fixture(scope="module")
+def attached(make_module_broker, tmp_path_factory) -> tuple[Broker, dict]:
+    """A running broker and the settings it was started with, for the attach refusals."""
+    started = {"path": str(tmp_path_factory.mktemp("attach") / "b.sqlite"), "lease_s": 7}
+    return make_module_broker(**started), started
+
+
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
@@ -173,12 +189,11 @@ def test_stop_broker_stops_a_broker_by_name(make_broker):
         pytest.param({"forward_buffer": 5}, "forward_buffer", id="forward_buffer"),
     ],
 )
-def test_attaching_with_other_settings_is_refused(make_broker, tmp_path, changes, named):
-    started = {"path": str(tmp_path / "b.sqlite"), "lease_s": 7}
-    b = make_broker(**started)
+def test_attaching_with_other_settings_is_refused(attached, changes, named):
+    b, started = attached
     asked = {**started, **changes}
     if "path" in changes:
-        asked["path"] = str(tmp_path / changes["path"])
+        asked["path"] = str(Path(started["path"]).with_name(changes["path"]))
     with pytest.raises(InvalidArgument, match=named) as refused:
         start_broker(b.name, **asked)
     assert "already runs with other settings" in str(refused.value)
@@ -271,10 +286,9 @@ def test_one_message_can_be_sent_on_several_dialogs_at_once(broker):
     ],
 )
 def test_a_bad_send_is_refused_and_leaves_every_queue_and_dialog_as_it_was(
-    make_broker, bad_send, error
+    orders_broker, bad_send, error
 ):
-    b = make_broker(max_body_bytes=1000)
-    define_orders(b)
+    b = orders_broker
     h = b.begin_dialog("Orders", "Fulfilment", "OrderContract")
     b.send(h, "Order", order(1))
     before = snapshot(b)

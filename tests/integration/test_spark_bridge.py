@@ -8,13 +8,11 @@ import contextlib
 import json
 import os
 import signal
-import uuid
-from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import functions as F
 
-from actors import Broker, End, IngestError, start_broker
+from actors import Broker, End, IngestError
 from actors.errors import UnknownMessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
 from spark_bridge.plan import dialog_id
@@ -62,15 +60,12 @@ def orders_broker(make_broker):
 
 
 @pytest.fixture(scope="module")
-def refusing_broker(ray_session, tmp_path_factory) -> Iterator[Broker]:
+def refusing_broker(make_module_broker) -> Broker:
     """One orders broker for the module's ingests that must be refused before anything is
-    sent: each of those tests ends by checking that it is still empty (a broker start for each
-    was most of their time)."""
-    name = f"refusing-{uuid.uuid4().hex[:8]}"
-    b = start_broker(name, str(tmp_path_factory.mktemp("refusing") / f"{name}.sqlite"))
+    sent: each of those tests ends by checking that it is still empty."""
+    b = make_module_broker()
     define_orders(b)
-    yield b
-    b.stop()
+    return b
 
 
 def assert_nothing_sent(b: Broker) -> None:
