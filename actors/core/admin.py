@@ -60,6 +60,8 @@ class Admin(Part):
                 w.after.append(lambda: (st.poison.reset(name), self.uow.notify(name)))
             if isinstance(new, Queue) and old.enabled and not new.enabled:
                 w.event("QueueDisabled", name, "disabled by alter")
+            if isinstance(new, Queue) and new.retention != old.retention:
+                self.store.settle_received([g.no for g in st.groups.values() if g.queue == name])
             if isinstance(new, Service):
                 self.delivery.unpark_service(w, name)
 

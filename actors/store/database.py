@@ -22,8 +22,10 @@ import msgpack
 from actors.calls.ordering import RequestId
 from actors.errors import InvalidArgument, StoreError
 from actors.packing import packb
+from actors.store import segments
 from actors.store.checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from actors.store.file import Connection, check_file, lock, marks, parts, reason
+from actors.store.queued import INSERT_SEGMENTS, SCHEMA_VERSION, QueuedMessages
 from actors.store.savepoints import HeldWrites, Savepoint
 from actors.store.traces import EndedTraces
 from actors.store.transmission import TransmissionRows
@@ -43,11 +45,11 @@ CREATE TABLE IF NOT EXISTS endpoints (
 CREATE INDEX IF NOT EXISTS endpoints_conversation ON endpoints (conversation_id, is_initiator);
 CREATE TABLE IF NOT EXISTS endpoint_seqs (
     no INTEGER PRIMARY KEY, send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY, group_no INTEGER NOT NULL, endpoint_no INTEGER NOT NULL,
-    seq INTEGER NOT NULL, type TEXT NOT NULL, body BLOB NOT NULL, status INTEGER NOT NULL,
-    sent_at REAL NOT NULL, arrived_at REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS messages_group ON messages (group_no, id);
+CREATE TABLE IF NOT EXISTS segments (
+    first_id INTEGER PRIMARY KEY, last_id INTEGER NOT NULL, group_no INTEGER NOT NULL,
+    endpoint_no INTEGER NOT NULL, taken_to INTEGER NOT NULL, kept INTEGER NOT NULL,
+    parts BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS segments_group ON segments (group_no, first_id);
 CREATE TABLE IF NOT EXISTS transmission (
     id INTEGER PRIMARY KEY, endpoint_no INTEGER NOT NULL, seq INTEGER NOT NULL,
     type TEXT NOT NULL, body BLOB NOT NULL, to_service TEXT NOT NULL, to_broker TEXT,
@@ -81,15 +83,10 @@ ENDPOINT_COLUMNS = (
     "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent"
 )
 ENDPOINT_COLUMNS_LIVE = ENDPOINT_COLUMNS.replace("send_seq, recv_seq", "s.send_seq, s.recv_seq")
-MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"
-INSERT_MESSAGES = "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-REMOVE_RECEIVED = {  # by retention: messages received in a range are deleted, or marked
-    retain: f"{verb} WHERE group_no=? AND id BETWEEN ? AND ? AND status=0"
-    for retain, verb in ((False, "DELETE FROM messages"), (True, "UPDATE messages SET status=1"))
-}
+MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"  # a receive's rows
 
 
-class Store(TransmissionRows, EndedTraces):
+class Store(QueuedMessages, TransmissionRows, EndedTraces):
     """SQLite persistence for one broker. `durability`: "normal" (a committed transaction survives
     the process being killed; WAL with synchronous=NORMAL) or "full" (also survives power loss)."""
 
@@ -116,6 +113,7 @@ class Store(TransmissionRows, EndedTraces):
             self.db.execute("PRAGMA cache_size=-65536")  # 64 MiB: receive reads what send wrote
             self.db.executescript(SCHEMA)
             self._seqs_of_older_stores()
+            self._segments_of_older_stores()
             # the broker id is born with the store and never changes
             self.db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('broker_id', ?)",
@@ -228,7 +226,7 @@ class Store(TransmissionRows, EndedTraces):
 
     def delete_empty_groups(self, nos: Iterable[int]) -> list[int]:
         """Delete those of the groups `nos` that hold no message rows; returns which."""
-        held = "SELECT 1 FROM messages WHERE group_no=? LIMIT 1"
+        held = "SELECT 1 FROM segments WHERE group_no=? LIMIT 1"
         empty = [n for n in nos if self.db.execute(held, (n,)).fetchone() is None]
         self.delete_groups(empty)
         return empty
@@ -252,6 +250,25 @@ class Store(TransmissionRows, EndedTraces):
         self.db.execute(
             "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
         )
+
+    def _segments_of_older_stores(self) -> None:
+        """A store written before segments (schema 1) keeps its messages a row each in a
+        `messages` table: they move into segments, in one transaction, and the table goes."""
+        old = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='messages'"
+        if self.db.execute(old).fetchone() is not None:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self.db.execute("SELECT * FROM messages ORDER BY id")
+                while batch := rows.fetchmany(10_000):
+                    self.db.executemany(INSERT_SEGMENTS, segments.segments(batch))
+                self.db.execute("DROP TABLE messages")
+                self.set_meta("schema", SCHEMA_VERSION)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self._roll_back()
+                raise
+        elif self.get_meta("schema") is None:
+            self.set_meta("schema", SCHEMA_VERSION)
 
     def load_endpoints(self) -> list[tuple[Any, ...]]:
         return self.db.execute(
@@ -296,79 +313,9 @@ class Store(TransmissionRows, EndedTraces):
         return self.db.execute(
             "SELECT MAX((SELECT COALESCE(MAX(no), 0) FROM endpoints), (SELECT "
             "COALESCE(MAX(endpoint_no), 0) FROM transmission)), (SELECT COALESCE(MAX(no), 0) "
-            "FROM groups), (SELECT COALESCE(MAX(id), 0) FROM messages)"
+            "FROM groups), (SELECT COALESCE(MAX(last_id), 0) FROM segments WHERE first_id=(SELECT "
+            "MAX(first_id) FROM segments))"
         ).fetchone()
-
-    # --- queue messages --------------------------------------------------------------------------
-
-    def insert_messages(self, rows: Sequence[Sequence[Any]]) -> None:
-        """rows: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at).
-        Held back in a group commit's unit (actors.store.savepoints)."""
-        if not self.writes.hold(INSERT_MESSAGES, rows):
-            self.db.executemany(INSERT_MESSAGES, rows)
-
-    def fetch_group(
-        self, group_no: int, limit: int | None, after_id: int = 0
-    ) -> list[tuple[Any, ...]]:
-        """A group's waiting messages in queue order, as MESSAGE_COLUMNS."""
-        return self.db.execute(
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE group_no=? AND id>? AND status=0 "
-            "ORDER BY id LIMIT ?",
-            (group_no, after_id, -1 if limit is None else limit),
-        ).fetchall()
-
-    def remove_received(self, group_no: int, first_id: int, last_id: int, retain: bool) -> None:
-        """Delete (or, with retention, mark received) a group's waiting messages in a range."""
-        sql = REMOVE_RECEIVED[
-            retain
-        ]  # held back in a group commit's unit (actors.store.savepoints)
-        if not self.writes.hold(sql, [(group_no, first_id, last_id)]):
-            self.db.execute(sql, (group_no, first_id, last_id))
-
-    def delete_conversation_messages(self, group_no: int, endpoint_no: int) -> int:
-        """Delete every message of one endpoint; returns how many were still waiting."""
-        waiting = self.db.execute(
-            "DELETE FROM messages WHERE group_no=? AND endpoint_no=? AND status=0",
-            (group_no, endpoint_no),
-        ).rowcount
-        self.db.execute(
-            "DELETE FROM messages WHERE group_no=? AND endpoint_no=?", (group_no, endpoint_no)
-        )
-        return waiting
-
-    def move_messages(self, endpoint_no: int, old_group: int, new_group: int) -> list[int]:
-        """Move an endpoint's messages to another group; the ids of the waiting ones moved."""
-        ids = [
-            r[0]
-            for r in self.db.execute(
-                "SELECT id FROM messages WHERE group_no=? AND endpoint_no=? AND status=0 "
-                "ORDER BY id",
-                (old_group, endpoint_no),
-            )
-        ]
-        self.db.execute(
-            "UPDATE messages SET group_no=? WHERE group_no=? AND endpoint_no=?",
-            (new_group, old_group, endpoint_no),
-        )
-        return ids
-
-    def waiting_by_group(self) -> list[tuple[int, int, int]]:
-        """(group_no, count, first id) of every group with waiting messages."""
-        return self.db.execute(
-            "SELECT group_no, COUNT(*), MIN(id) FROM messages WHERE status=0 GROUP BY group_no"
-        ).fetchall()
-
-    def queue_rows(self, group_nos: Sequence[int], limit: int) -> list[tuple[Any, ...]]:
-        """Messages of the given groups in queue order, for the queue view (with status)."""
-        out: list[tuple[Any, ...]] = []
-        for chunk in parts(list(group_nos)):
-            out += self.db.execute(
-                f"SELECT {MESSAGE_COLUMNS}, group_no, status FROM messages "
-                f"WHERE group_no IN ({marks(chunk)}) ORDER BY id LIMIT ?",
-                (*chunk, limit),
-            ).fetchall()
-        out.sort(key=lambda r: r[0])
-        return out[:limit]
 
     # --- routes ----------------------------------------------------------------------------------
 

@@ -128,3 +128,13 @@ def core_snapshot(core: BrokerCore) -> dict:
 @pytest.fixture
 def snapshot():
     return core_snapshot
+
+
+def stored_messages(store: Store) -> list[tuple]:
+    """Every message a store holds, in id order, as the rows it was given: (id, group_no,
+    endpoint_no, seq, type, body, status, sent_at, arrived_at); status 1: received and kept."""
+    groups = [g for (g,) in store.db.execute("SELECT DISTINCT group_no FROM segments")]
+    return [
+        (i, g, ep, seq, mt, body, status, sent, arrived)
+        for i, ep, seq, mt, body, sent, arrived, g, status in store.queue_rows(groups, 1 << 62)
+    ]

@@ -552,6 +552,29 @@ def test_a_retention_queue_keeps_committed_messages_as_received_until_the_conver
     assert core.queue_view("RetainQ") == []
 
 
+@pytest.mark.parametrize("retention", [True, False], ids=["turned-off", "turned-on"])
+def test_altering_retention_applies_to_what_is_received_after_and_keeps_what_was(
+    core, open_dialog, retention
+):
+    # the four messages are one of the store's segments; its first two are received before
+    core.alter("queue", "RetainQ", {"retention": retention})
+    open_dialog(core, to="Retain", bodies=[b"a", b"b", b"c", b"d"])
+    (got,) = core.receive("RetainQ", top=2)
+    core.settle(commit=[got.lock_id])
+    core.alter("queue", "RetainQ", {"retention": not retention})
+    (got,) = core.receive("RetainQ", top=1)
+    assert [m.body for m in got.messages] == [b"c"]
+    core.settle(commit=[got.lock_id])
+
+    kept = [0, 1] if retention else [2]
+    assert [(r["status"], r["sequence_number"]) for r in core.queue_view("RetainQ")] == [
+        *(("received", n) for n in kept),
+        ("waiting", 3),
+    ]
+    (got,) = core.receive("RetainQ")
+    assert [m.body for m in got.messages] == [b"d"]
+
+
 def test_audit_view_has_one_record_per_committed_message_with_conversation_and_sequence(
     core, open_dialog
 ):

@@ -23,7 +23,7 @@ def dump(store: Store) -> dict[str, list]:
     """Every table of the store (whatever tables it has), row by row."""
     q = "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
     tables = [t for (t,) in store.db.execute(q)]
-    assert {"endpoints", "messages", "ended", "rerunnable"} <= set(tables)
+    assert {"endpoints", "segments", "ended", "rerunnable"} <= set(tables)
     return {t: store.db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in tables}
 
 

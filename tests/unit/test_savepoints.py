@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from actors.store.database import Store
+from tests.unit.conftest import stored_messages
 
 WAITING = 0
 
@@ -49,7 +50,7 @@ def _msg(id: int, group: int = 1) -> tuple[int, int, int, int, str, bytes, int, 
 
 
 def _ids(store: Store) -> list[int]:
-    return [r[0] for r in store.db.execute("SELECT id FROM messages ORDER BY id").fetchall()]
+    return [r[0] for r in stored_messages(store)]
 
 
 def _savepoints(statements: list[str]) -> list[str]:
@@ -71,7 +72,7 @@ def test_units_that_only_insert_and_remove_run_no_savepoint_and_commit_as_one_st
                     store.remove_received(1, i - 2, i - 2, retain=False)
     assert _ids(store) == [3, 4, 5, 6, 7]
     assert _savepoints(statements) == []
-    assert sorted(calls.many) == [("DELETE", 2), ("INSERT", 5)]
+    assert sorted(calls.many) == [("DELETE", 2), ("INSERT", 5), ("UPDATE", 2)]
 
 
 def test_a_unit_that_fails_before_any_statement_leaves_nothing_behind(store, statements):

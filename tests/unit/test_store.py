@@ -10,6 +10,7 @@ import pytest
 
 from actors.errors import InvalidArgument, StoreError
 from actors.store.database import ENDPOINT_COLUMNS, Store
+from tests.unit.conftest import stored_messages
 
 WAITING, RECEIVED = 0, 1
 
@@ -44,7 +45,7 @@ def _ids(rows) -> list[int]:
 
 
 def _all_messages(s: Store) -> list[tuple]:
-    return s.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
+    return stored_messages(s)
 
 
 def _endpoint_row(no: int, state: str = "CONVERSING") -> tuple:
@@ -339,17 +340,62 @@ def test_fetch_group_starts_after_the_given_id(store):
 
 
 def test_remove_received_without_retention_deletes_the_waiting_messages_in_range(store):
+    # a range is always a group's oldest waiting messages (a lock's): here a segment's head
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(6, group=2)])
-    store.remove_received(1, 2, 4, retain=False)
-    assert _ids(_all_messages(store)) == [1, 5, 6]
+    store.remove_received(1, 1, 3, retain=False)
+    assert _ids(_all_messages(store)) == [4, 5, 6]
+    assert _ids(store.fetch_group(1, None)) == [4, 5]
+    assert store.waiting_by_group() == [(1, 2, 4), (2, 1, 6)]
+    store.remove_received(1, 4, 5, retain=False)
+    assert _ids(_all_messages(store)) == [6]
 
 
 def test_remove_received_with_retention_marks_the_messages_received_and_keeps_them(store):
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(13, group=2)])
-    store.remove_received(1, 2, 4, retain=True)
-    assert _ids(store.fetch_group(1, None)) == [1, 5]
+    store.remove_received(1, 1, 3, retain=True)
+    assert _ids(store.fetch_group(1, None)) == [4, 5]
     statuses = {row[0]: row[6] for row in _all_messages(store)}
-    assert statuses == {1: WAITING, 2: RECEIVED, 3: RECEIVED, 4: RECEIVED, 5: WAITING, 13: WAITING}
+    assert statuses == {1: RECEIVED, 2: RECEIVED, 3: RECEIVED, 4: WAITING, 5: WAITING, 13: WAITING}
+    store.remove_received(1, 4, 5, retain=True)
+    assert store.fetch_group(1, None) == [] and len(_all_messages(store)) == 6
+
+
+def test_a_range_over_several_conversations_segments_takes_each_ones_oldest(store):
+    store.insert_messages([_msg(1, endpoint=1), _msg(2, endpoint=1)])
+    store.insert_messages([_msg(3, endpoint=2), _msg(4, endpoint=2)])
+    store.insert_messages([_msg(5, endpoint=1), _msg(6, endpoint=1)])
+    assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (3,)
+    store.remove_received(1, 1, 5, retain=False)
+    assert _ids(_all_messages(store)) == [6]
+    assert store.fetch_group(1, None) == [_fetched(6)]
+    assert store.waiting_by_group() == [(1, 1, 6)]
+
+
+@pytest.mark.parametrize("first_kept", [True, False], ids=["kept-then-gone", "gone-then-kept"])
+def test_a_queue_whose_retention_changes_applies_the_new_rule_to_what_is_received_next(
+    store, first_kept
+):
+    store.insert_messages([_msg(i) for i in range(1, 7)])  # one segment
+    store.remove_received(1, 1, 2, retain=first_kept)
+    store.settle_received([1])  # the core's ALTER QUEUE does this in its transaction
+    store.remove_received(1, 3, 4, retain=not first_kept)
+    statuses = {row[0]: row[6] for row in _all_messages(store)}
+    kept = [1, 2] if first_kept else [3, 4]
+    assert statuses == {**dict.fromkeys(kept, RECEIVED), 5: WAITING, 6: WAITING}
+    assert _ids(store.fetch_group(1, None)) == [5, 6]
+
+
+def test_one_send_of_many_messages_is_a_few_rows_each_within_the_segment_limits(store):
+    from actors.store.segments import MAX_BYTES, MAX_MESSAGES
+
+    n = 3 * MAX_MESSAGES + 1
+    store.insert_messages([_msg(i) for i in range(1, n + 1)])
+    rows = store.db.execute("SELECT first_id, last_id FROM segments ORDER BY first_id").fetchall()
+    assert len(rows) == 4 and rows[-1] == (n, n)
+    assert _ids(store.fetch_group(1, None)) == list(range(1, n + 1))
+    big = [(n + i, 1, 1, n + i, "M", bytes(MAX_BYTES // 2 + 1), 0, 1.0, 1.0) for i in (1, 2)]
+    store.insert_messages(big)  # two bodies over the bytes limit together: a row each
+    assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (6,)
 
 
 def test_remove_received_leaves_other_groups_alone(store):

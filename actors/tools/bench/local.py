@@ -27,7 +27,6 @@ from actors.calls.envelope import ReceivedGroup
 from actors.remote.client import Broker
 from actors.remote.runtime import ensure_ray
 from actors.store.audit import read_all
-from actors.store.database import SCHEMA
 from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
 
@@ -291,14 +290,26 @@ async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
     )
 
 
+# The floor a row-per-message store cannot go below (raybroker's own layout before segments):
+# a row per message and an index on (group, id), written and deleted a batch at a time.
+ROW_PER_MESSAGE = """
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY, group_no INTEGER NOT NULL, endpoint_no INTEGER NOT NULL,
+    seq INTEGER NOT NULL, type TEXT NOT NULL, body BLOB NOT NULL, status INTEGER NOT NULL,
+    sent_at REAL NOT NULL, arrived_at REAL NOT NULL);
+CREATE INDEX messages_group ON messages (group_no, id);
+"""
+
+
 def raw_sqlite(
     path: str, messages: int, dialogs: int, batch: int, body: bytes, max_groups: int
 ) -> list[Row]:
-    """Plain sqlite3, same table, index, durability and batch sizes; no broker logic."""
+    """Plain sqlite3, a row per message (ROW_PER_MESSAGE), the broker's durability and batch
+    sizes; no broker logic."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
-    db.executescript(SCHEMA)
+    db.executescript(ROW_PER_MESSAGE)
     now = time.time()
     next_id = 1
     t0 = time.perf_counter()

@@ -1,0 +1,143 @@
+"""A queue's messages' SQL, over segments (actors.store.segments): what arrives, what a receive
+reads, what its commit removes, moves between groups and the views. A part of
+`actors.store.database.Store`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from actors.store import segments
+from actors.store.file import Connection, marks, parts
+from actors.store.savepoints import HeldWrites
+
+SCHEMA_VERSION = "2"  # meta's `schema`: 2, a queue's messages in segments (1: a row each)
+INSERT_SEGMENTS = "INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)"
+# The received messages of a group, [its first waiting id, `last`]: a lock's range. Those of a
+# segment are always its oldest waiting ones (a receive takes a group's in id order), so a
+# segment is either wholly received, or its first ones are: (taken_to, kept) say which.
+# Segments wholly received before (a retention queue's) are never touched again.
+REMOVE_WHOLE = "DELETE FROM segments WHERE group_no=? AND last_id<=? AND taken_to<last_id"
+REMOVE_HEAD = (
+    "UPDATE segments SET taken_to=?, kept=0 "
+    "WHERE group_no=? AND first_id<=? AND last_id>? AND taken_to<?"
+)
+KEEP_RECEIVED = (
+    "UPDATE segments SET taken_to=MIN(last_id, ?), kept=1 "
+    "WHERE group_no=? AND first_id<=? AND taken_to<last_id AND taken_to<?"
+)
+
+
+class QueuedMessages:
+    """The segments table's statements (`Store` is one; `db` is its connection)."""
+
+    db: Connection
+    writes: HeldWrites
+
+    def insert_messages(self, rows: Sequence[Sequence[Any]]) -> None:
+        """rows: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at), one
+        transaction's, stored as segments (actors.store.segments). Held back in a group
+        commit's unit (actors.store.savepoints)."""
+        segs = segments.segments(rows)
+        if not self.writes.hold(INSERT_SEGMENTS, segs):
+            self.db.executemany(INSERT_SEGMENTS, segs)
+
+    def fetch_group(
+        self, group_no: int, limit: int | None, after_id: int = 0
+    ) -> list[tuple[Any, ...]]:
+        """A group's waiting messages in queue order (after `after_id`), as MESSAGE_COLUMNS."""
+        out: list[tuple[Any, ...]] = []
+        for seg in self.db.execute(
+            "SELECT first_id, endpoint_no, taken_to, parts FROM segments "
+            "WHERE group_no=? AND last_id>? AND taken_to<last_id ORDER BY first_id LIMIT ?",
+            (group_no, after_id, -1 if limit is None else limit),
+        ).fetchall():
+            out += segments.waiting_rows(seg, after_id)
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
+        return out
+
+    def remove_received(self, group_no: int, first_id: int, last_id: int, retain: bool) -> None:
+        """Delete (or, with retention, mark received) a group's waiting messages from its
+        first, `first_id`, to `last_id`. Held back in a group commit's unit
+        (actors.store.savepoints): these statements commute with inserts (of new ids) and
+        with each other."""
+        if retain:
+            writes = [(KEEP_RECEIVED, [(last_id, group_no, last_id, last_id)])]
+        else:
+            writes = [
+                (REMOVE_WHOLE, [(group_no, last_id)]),
+                (REMOVE_HEAD, [(last_id, group_no, last_id, last_id, last_id)]),
+            ]
+        for sql, rows in writes:
+            if not self.writes.hold(sql, rows):
+                self.db.executemany(sql, rows)
+
+    def settle_received(self, group_nos: Sequence[int]) -> None:
+        """A queue's retention changed: each segment of its groups some of whose messages
+        were received is cut in two, so that a segment's received messages all follow one
+        rule (kept or gone) and the next receive applies the new one to the rest."""
+        for chunk in parts(list(group_nos)):
+            split = self.db.execute(
+                "SELECT first_id, last_id, group_no, endpoint_no, taken_to, kept, parts "
+                f"FROM segments WHERE group_no IN ({marks(chunk)}) "
+                "AND taken_to>=first_id AND taken_to<last_id",
+                chunk,
+            ).fetchall()
+            for row in split:
+                head, tail = segments.cut(row, row[4] + 1)
+                self.db.execute("DELETE FROM segments WHERE first_id=?", (row[0],))
+                self.db.executemany(INSERT_SEGMENTS, [head, tail] if head[5] else [tail])
+
+    def delete_conversation_messages(self, group_no: int, endpoint_no: int) -> int:
+        """Delete every message of one endpoint; returns how many were still waiting."""
+        (waiting,) = self.db.execute(
+            "SELECT COALESCE(SUM(last_id - taken_to), 0) FROM segments "
+            "WHERE group_no=? AND endpoint_no=?",
+            (group_no, endpoint_no),
+        ).fetchone()
+        self.db.execute(
+            "DELETE FROM segments WHERE group_no=? AND endpoint_no=?", (group_no, endpoint_no)
+        )
+        return waiting
+
+    def move_messages(self, endpoint_no: int, old_group: int, new_group: int) -> list[int]:
+        """Move an endpoint's messages to another group; the ids of the waiting ones moved."""
+        ids = [
+            i
+            for taken_to, last_id in self.db.execute(
+                "SELECT taken_to, last_id FROM segments WHERE group_no=? AND endpoint_no=? "
+                "ORDER BY first_id",
+                (old_group, endpoint_no),
+            ).fetchall()
+            for i in range(taken_to + 1, last_id + 1)
+        ]
+        self.db.execute(
+            "UPDATE segments SET group_no=? WHERE group_no=? AND endpoint_no=?",
+            (new_group, old_group, endpoint_no),
+        )
+        return ids
+
+    def waiting_by_group(self) -> list[tuple[int, int, int]]:
+        """(group_no, count, first id) of every group with waiting messages."""
+        return self.db.execute(
+            "SELECT group_no, SUM(last_id - taken_to), MIN(taken_to + 1) FROM segments "
+            "WHERE taken_to<last_id GROUP BY group_no"
+        ).fetchall()
+
+    def queue_rows(self, group_nos: Sequence[int], limit: int) -> list[tuple[Any, ...]]:
+        """Messages of the given groups in queue order, for the queue view: MESSAGE_COLUMNS,
+        group_no, status (0 waiting, 1 received and kept)."""
+        out: list[tuple[Any, ...]] = []
+        for chunk in parts(list(group_nos)):
+            for first_id, group_no, endpoint_no, taken_to, kept, packed in self.db.execute(
+                "SELECT first_id, group_no, endpoint_no, taken_to, kept, parts FROM segments "
+                f"WHERE group_no IN ({marks(chunk)}) ORDER BY first_id LIMIT ?",
+                (*chunk, limit),
+            ).fetchall():
+                for i, seq, mt, body, sent, arrived in segments.unpack(first_id, packed):
+                    if i > taken_to or kept:
+                        status = int(i <= taken_to)
+                        out.append((i, endpoint_no, seq, mt, body, sent, arrived, group_no, status))
+        out.sort(key=lambda r: r[0])
+        return out[:limit]
