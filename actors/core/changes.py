@@ -24,7 +24,7 @@ class Group:
 
 
 class Arrived(NamedTuple):
-    """Messages committed to a group: where they start, how many, and where their rows are in
+    """Messages committed to a group: where they start, how many, and where their run is in
     `Changes.messages` (-1: not there, e.g. moved from another group)."""
 
     queue: str
@@ -63,7 +63,8 @@ class Changes:
 
     def __init__(self, now: float) -> None:
         self.now = now
-        self.messages: list[tuple[Any, ...]] = []  # store.insert_messages rows
+        # the messages delivered, a run per send (actors.store.segments): store.insert_messages
+        self.messages: list[tuple[Any, ...]] = []
         self.arrivals: list[Arrived] = []
         self.removals: list[Removed] = []
         self.transmission: list[tuple[Any, ...]] = []
@@ -91,17 +92,17 @@ class Changes:
     def take_back(self, endpoint_no: int) -> None:
         """Drop the messages this unit delivered to `endpoint_no` (it ended in the same unit, so
         they go with those already stored; written, they would outlive it)."""
-        if not any(row[2] == endpoint_no for row in self.messages):
+        if not any(run[2] == endpoint_no for run in self.messages):
             return
-        rows: list[tuple[Any, ...]] = []
+        runs: list[tuple[Any, ...]] = []
         arrivals: list[Arrived] = []
-        for a in self.arrivals:  # each of them covers rows of one endpoint (`Delivery.enqueue`)
-            mine = self.messages[a.at : a.at + a.count] if a.at >= 0 else []
-            if mine and mine[0][2] == endpoint_no:
-                continue
-            arrivals.append(a._replace(at=len(rows)) if mine else a)
-            rows += mine
-        self.messages, self.arrivals = rows, arrivals
+        for a in self.arrivals:  # each of them is one run of one endpoint (`Delivery.enqueue`)
+            if a.at < 0:
+                arrivals.append(a)
+            elif self.messages[a.at][2] != endpoint_no:
+                arrivals.append(a._replace(at=len(runs)))
+                runs.append(self.messages[a.at])
+        self.messages, self.arrivals = runs, arrivals
 
     def event(self, kind: str, subject: str, detail: str) -> None:
         """An operator event, written in this transaction and surfaced after it commits."""

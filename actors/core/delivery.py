@@ -227,21 +227,15 @@ class Delivery(Part):
     def enqueue(
         self, w: Changes, ep: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
     ) -> None:
-        first_id = self.state.message_ids(len(bodies))
+        n = len(bodies)
+        first_id = self.state.message_ids(n)
         now, g = w.now, ep.group_no
         at = len(w.messages)
-        if len(bodies) == 1:  # most sends: without a comprehension
-            body = bodies[0]
-            w.messages.append((first_id, g, ep.no, first_seq, mt, body, 0, now, now))
-            nbytes = len(body) + ROW_OVERHEAD
-        else:
-            w.messages += [
-                (first_id + i, g, ep.no, first_seq + i, mt, body, 0, now, now)
-                for i, body in enumerate(bodies)
-            ]
-            nbytes = sum(map(len, bodies)) + ROW_OVERHEAD * len(bodies)
+        # one run (actors.store.segments): no object per message
+        w.messages.append((first_id, g, ep.no, first_seq, mt, bodies, 0, now, now))
+        nbytes = sum(map(len, bodies)) + ROW_OVERHEAD * n
         queue = self.state.groups[g].queue
-        w.arrivals.append(Arrived(queue, g, first_id, len(bodies), at, nbytes))
+        w.arrivals.append(Arrived(queue, g, first_id, n, at, nbytes))
 
     def enqueue_own(self, w: Changes, ep: Endpoint, mt: str, body: bytes) -> None:
         """A message the broker itself puts on this endpoint's queue (a timer, say)."""

@@ -9,66 +9,93 @@ with an empty cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-# Rows are the store's insert tuples:
-# (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)
-StoredRow = tuple[Any, ...]
-ROW_OVERHEAD = 64  # bytes counted per row on top of its body
+# Runs are the store's (actors.store.segments): (first_id, group_no, endpoint_no, first_seq,
+# type, bodies, status, sent_at, arrived_at), a send's messages on one endpoint.
+Run = tuple[Any, ...]
+ROW_OVERHEAD = 64  # bytes counted per message on top of its body
 
 
 class ReadCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._rows: dict[int, list[StoredRow]] = {}
+        self._runs: dict[int, list[Run]] = {}
+        self._taken: dict[int, int] = {}  # messages of a group's first run already consumed
         self._sizes: dict[int, int] = {}
 
-    def arrived(self, group: int, rows: Sequence[StoredRow], nbytes: int, was_empty: bool) -> None:
-        """Rows were committed to `group`; `was_empty`: it had no waiting messages before."""
-        cached = self._rows.get(group)
+    def arrived(self, group: int, run: Run, nbytes: int, was_empty: bool) -> None:
+        """A run was committed to `group`; `was_empty`: it had no waiting messages before."""
+        cached = self._runs.get(group)
         if cached is None:
             if not was_empty or self.bytes + nbytes > self.max_bytes:
                 return
-            cached = self._rows[group] = []
+            cached = self._runs[group] = []
+            self._taken[group] = 0
             self._sizes[group] = 0
         elif self.bytes + nbytes > self.max_bytes:
             self.drop(group)
             return
-        cached.extend(rows)
+        cached.append(run)
         self._sizes[group] += nbytes
         self.bytes += nbytes
 
     def take(self, group: int, skip: int, limit: int | None) -> list[tuple[Any, ...]] | None:
-        """The waiting messages after the first `skip`, as receive rows; None if not cached."""
-        cached = self._rows.get(group)
+        """The waiting messages after the first `skip`, as receive rows (id, endpoint_no, seq,
+        type, body, sent_at, arrived_at); None if not cached."""
+        cached = self._runs.get(group)
         if cached is None:
             return None
-        end = len(cached) if limit is None else skip + limit
-        return [(r[0], r[2], r[3], r[4], r[5], r[7], r[8]) for r in cached[skip:end]]
+        skip += self._taken[group]
+        out: list[tuple[Any, ...]] = []
+        for first_id, _, ep, seq, mt, bodies, _, sent, arrived in cached:
+            n = len(bodies)
+            if skip >= n:
+                skip -= n
+                continue
+            end = n if limit is None else min(n, skip + limit - len(out))
+            if seq < 0:  # the broker's own messages: no sequence number
+                out += [
+                    (first_id + i, ep, -1, mt, bodies[i], sent, arrived) for i in range(skip, end)
+                ]
+            else:
+                out += [
+                    (first_id + i, ep, seq + i, mt, bodies[i], sent, arrived)
+                    for i in range(skip, end)
+                ]
+            skip = 0
+            if limit is not None and len(out) >= limit:
+                break
+        return out
 
     def consumed(self, group: int, count: int) -> None:
         """The oldest `count` waiting messages of `group` were committed."""
-        cached = self._rows.get(group)
+        cached = self._runs.get(group)
         if cached is None:
             return
-        if count >= len(cached):  # all of it (the usual case): its size is known
+        taken = self._taken[group]  # of the first run
+        if count >= sum(len(run[5]) for run in cached) - taken:  # all of it (the usual case)
             self.drop(group)
             return
-        gone = cached[:count]
-        del cached[:count]
-        size = ROW_OVERHEAD * len(gone)
-        for r in gone:
-            size += len(r[5])
+        size = 0
+        while count:
+            bodies = cached[0][5]
+            k = min(count, len(bodies) - taken)
+            size += sum(map(len, bodies[taken : taken + k])) + ROW_OVERHEAD * k
+            count -= k
+            taken += k
+            if taken == len(bodies):
+                del cached[0]
+                taken = 0
+        self._taken[group] = taken
         self._sizes[group] -= size
         self.bytes -= size
-        if not cached:
-            self.drop(group)
 
     def drop(self, group: int) -> None:
-        if self._rows.pop(group, None) is not None:
+        if self._runs.pop(group, None) is not None:
             self.bytes -= self._sizes.pop(group)
+            del self._taken[group]
 
     def __contains__(self, group: int) -> bool:
-        return group in self._rows
+        return group in self._runs

@@ -335,8 +335,7 @@ class UnitOfWork:
         for a in w.arrivals:
             idx = st.queue_index(a.queue)
             if a.at >= 0:
-                rows = w.messages[a.at : a.at + a.count]
-                st.cache.arrived(a.group, rows, a.nbytes, not idx.pending.get(a.group))
+                st.cache.arrived(a.group, w.messages[a.at], a.nbytes, not idx.pending.get(a.group))
             else:
                 st.cache.drop(a.group)
             idx.add(a.group, a.first_id, a.count, locked=st.locks.is_locked(a.group))

@@ -260,7 +260,8 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
             try:
                 rows = self.db.execute("SELECT * FROM messages ORDER BY id")
                 while batch := rows.fetchmany(10_000):
-                    self.db.executemany(INSERT_SEGMENTS, segments.segments(batch))
+                    runs = [segments.run_of(row) for row in batch]
+                    self.db.executemany(INSERT_SEGMENTS, segments.segments(runs))
                 self.db.execute("DROP TABLE messages")
                 self.set_meta("schema", SCHEMA_VERSION)
                 self.db.execute("COMMIT")

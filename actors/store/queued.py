@@ -34,11 +34,11 @@ class QueuedMessages:
     db: Connection
     writes: HeldWrites
 
-    def insert_messages(self, rows: Sequence[Sequence[Any]]) -> None:
-        """rows: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at), one
-        transaction's, stored as segments (actors.store.segments). Held back in a group
-        commit's unit (actors.store.savepoints)."""
-        segs = segments.segments(rows)
+    def insert_messages(self, runs: Sequence[Sequence[Any]]) -> None:
+        """runs: (first_id, group_no, endpoint_no, first_seq, type, bodies, status, sent_at,
+        arrived_at), one transaction's, stored as segments (actors.store.segments). Held back
+        in a group commit's unit (actors.store.savepoints)."""
+        segs = segments.segments(runs)
         if not self.writes.hold(INSERT_SEGMENTS, segs):
             self.db.executemany(INSERT_SEGMENTS, segs)
 

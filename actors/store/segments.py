@@ -1,11 +1,13 @@
 """Segments: a queue's messages stored a run at a time, not a row per message.
 
-Plain Python, no SQL. What one transaction adds to one conversation in one group, with
-consecutive message ids, is one segment: one row holding the first and last id and the
-messages' bodies, types, sequence numbers and times packed together (msgpack). A store row
-costs SQLite about the same whatever it holds, so a send of a hundred messages on one dialog
-writes one row instead of a hundred (and their index entries), and the commit that receives
-them deletes one.
+Plain Python, no SQL. The core hands the store runs: the messages one send put on one
+endpoint's queue, ids and sequence numbers one after another, one type, one time
+(`actors.core.delivery`). Runs of one transaction that follow each other on one endpoint of one
+group are one segment: one row holding the first and last id and the messages' bodies, types,
+sequence numbers and times packed together (msgpack). A store row costs SQLite about the same
+whatever it holds, so a send of a hundred messages on one dialog writes one row instead of a
+hundred (and their index entries), and the commit that receives them deletes one; and no
+Python object is made per message on the way in.
 
 A segment's messages are received oldest first: `taken_to` is the last id received (the
 first id minus one while none is). Received messages of a queue without retention are gone;
@@ -29,74 +31,105 @@ from actors.packing import packb
 MAX_MESSAGES = 256
 MAX_BYTES = 64 << 10
 
-# message rows as the store takes them: (id, group_no, endpoint_no, seq, type, body, status,
-# sent_at, arrived_at); a segment row: (first_id, last_id, group_no, endpoint_no, taken_to,
-# kept, parts)
-MessageRow = Sequence[Any]
+# A run: (first_id, group_no, endpoint_no, first_seq, type, bodies, status, sent_at,
+# arrived_at); its messages have ids and sequence numbers first_id, first_seq and on (a
+# sequence of -1, the broker's own message, stays -1). A segment row: (first_id, last_id,
+# group_no, endpoint_no, taken_to, kept, parts).
+Run = Sequence[Any]
 SegmentRow = tuple[int, int, int, int, int, int, bytes]
 
 
-def segments(rows: Sequence[MessageRow]) -> list[SegmentRow]:
-    """The message rows of one transaction as segment rows, in the rows' order. A run of
-    rows of one group and endpoint with ids one after another is one segment (up to the
-    limits); received rows (status 1, a retention queue's) start a segment of their own."""
+def run_of(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A message row (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)
+    as a run of one."""
+    i, group, endpoint, seq, mt, body, status, sent, arrived = row
+    return (i, group, endpoint, seq, mt, [body], status, sent, arrived)
+
+
+def segments(runs: Sequence[Run]) -> list[SegmentRow]:
+    """The runs of one transaction as segment rows, in the runs' order: a run that goes on
+    from the one before (same group, endpoint and status, the next id) joins its segment, up
+    to the limits; a longer run is cut. Received runs (status 1, a retention queue's) are
+    taken and kept."""
     out: list[SegmentRow] = []
-    run: list[MessageRow] = []
-    size = 0
-    for r in rows:
-        if run:
-            last = run[-1]
-            if (
-                r[0] == last[0] + 1
-                and r[1] == last[1]
-                and r[2] == last[2]
-                and r[6] == last[6]
-                and len(run) < MAX_MESSAGES
-                and size + len(r[5]) <= MAX_BYTES
+    pieces: list[tuple[Run, int, int]] = []  # (run, start, end): what the open segment holds
+    n = size = 0
+    for run in runs:
+        bodies = run[5]
+        count = len(bodies)
+        if not count:
+            continue
+        nbytes = sum(map(len, bodies))
+        if pieces:
+            last, _, end = pieces[-1]
+            if not (
+                run[0] == last[0] + end
+                and run[1] == last[1]
+                and run[2] == last[2]
+                and run[6] == last[6]
             ):
-                run.append(r)
-                size += len(r[5])
-                continue
-            out.append(_segment(run))
-        run = [r]
-        size = len(r[5])
-    if run:
-        out.append(_segment(run))
+                out.append(_segment(pieces))
+                pieces, n, size = [], 0, 0
+        if n + count <= MAX_MESSAGES and size + nbytes <= MAX_BYTES:  # the usual case
+            pieces.append((run, 0, count))
+            n, size = n + count, size + nbytes
+            continue
+        start = 0  # longer than the room left: cut where the limits say
+        for i, body in enumerate(bodies):
+            if n == MAX_MESSAGES or (n and size + len(body) > MAX_BYTES):
+                if i > start:
+                    pieces.append((run, start, i))
+                out.append(_segment(pieces))
+                pieces, n, size, start = [], 0, 0, i
+            n, size = n + 1, size + len(body)
+        pieces.append((run, start, count))
+    if pieces:
+        out.append(_segment(pieces))
     return out
 
 
-def _segment(run: list[MessageRow]) -> SegmentRow:
-    first, last = run[0], run[-1]
-    received = bool(first[6])
+def _segment(pieces: list[tuple[Run, int, int]]) -> SegmentRow:
+    first_run, first_start, _ = pieces[0]
+    last_run, _, last_end = pieces[-1]
+    first_id = first_run[0] + first_start
+    last_id = last_run[0] + last_end - 1
+    received = bool(first_run[6])
     return (
-        first[0],
-        last[0],
-        first[1],
-        first[2],
-        last[0] if received else first[0] - 1,
+        first_id,
+        last_id,
+        first_run[1],
+        first_run[2],
+        last_id if received else first_id - 1,
         int(received),
-        pack(run),
+        pack(pieces),
     )
 
 
-def pack(run: Sequence[MessageRow]) -> bytes:
-    """[bodies, types, seqs, sent, arrived]; each of the last four one value when the same
-    for every message (seqs: the first, when they count up by one)."""
-    bodies = [r[5] for r in run]
-    types = _one_or_all([r[4] for r in run])
-    seqs: Any = [r[3] for r in run]
-    if seqs[-1] - seqs[0] == len(seqs) - 1 and all(
-        b - a == 1 for a, b in zip(seqs, seqs[1:], strict=False)
-    ):
-        seqs = seqs[0]
-    sent = _one_or_all([r[7] for r in run])
-    arrived = _one_or_all([r[8] for r in run])
-    return packb([bodies, types, seqs, sent, arrived])
+def pack(pieces: Sequence[tuple[Run, int, int]]) -> bytes:
+    """[bodies, types, seqs, sent, arrived] of the pieces' messages; each of the last four one
+    value when the same for every message (seqs: the first, when they count up by one)."""
+    if len(pieces) == 1:  # one send's messages, or some of them: no list per field
+        run, start, end = pieces[0]
+        k = end - start
+        bodies = run[5] if start == 0 and end == len(run[5]) else run[5][start:end]
+        seqs: Any = run[3] + start if run[3] >= 0 else (-1 if k == 1 else [-1] * k)
+        return packb([bodies, run[4], seqs, run[7], run[8]])
+    bodies, types, seq_list, sent, arrived = [], [], [], [], []
+    for run, start, end in pieces:
+        k = end - start
+        bodies += run[5][start:end]
+        types += [run[4]] * k
+        seq_list += [-1] * k if run[3] < 0 else range(run[3] + start, run[3] + end)
+        sent += [run[7]] * k
+        arrived += [run[8]] * k
+    seqs = seq_list[0]
+    if seq_list != list(range(seqs, seqs + len(seq_list))):
+        seqs = seq_list
+    return packb([bodies, _one_or_all(types), seqs, _one_or_all(sent), _one_or_all(arrived)])
 
 
 def _one_or_all(values: list[Any]) -> Any:
-    v = values[0]
-    return v if all(x == v for x in values) else values
+    return values[0] if values.count(values[0]) == len(values) else values
 
 
 def unpack(first_id: int, parts: bytes) -> Iterator[tuple[int, int, str, bytes, float, float]]:
@@ -126,9 +159,11 @@ def cut(row: Sequence[Any], at: int) -> tuple[SegmentRow, SegmentRow]:
     """A segment row split before message id `at` (first_id < at <= last_id): the two rows
     that replace it, each with what it held of taken_to and kept."""
     first_id, last_id, group_no, endpoint_no, taken_to, kept, parts = row
-    msgs = list(unpack(first_id, parts))
-    head = [(i, group_no, endpoint_no, s, t, b, 0, se, a) for i, s, t, b, se, a in msgs if i < at]
-    tail = [(i, group_no, endpoint_no, s, t, b, 0, se, a) for i, s, t, b, se, a in msgs if i >= at]
+    runs = [
+        ((i, group_no, endpoint_no, s, t, [b], 0, se, a), 0, 1)
+        for i, s, t, b, se, a in unpack(first_id, parts)
+    ]
+    head, tail = runs[: at - first_id], runs[at - first_id :]
     return (
         (first_id, at - 1, group_no, endpoint_no, min(taken_to, at - 1), kept, pack(head)),
         (at, last_id, group_no, endpoint_no, max(taken_to, at - 1), kept, pack(tail)),

@@ -22,7 +22,7 @@ def held(core) -> dict[str, int]:
         "handles": len(st.handles),
         "groups": len(st.groups),
         "group ids": len(st.group_nos),
-        "cached groups": len(st.cache._rows),
+        "cached groups": len(st.cache._runs),
     }
 
 

@@ -8,35 +8,50 @@ from actors.core.readcache import ReadCache
 from actors.model.catalog import Queue, Service
 
 
-def row(i: int, group: int = 1, body: bytes = b"x") -> tuple:
-    return (i, group, 7, i, "T", body, 0, 1.0, 1.0)
+def run(first: int, n: int = 1, group: int = 1, body: bytes = b"x") -> tuple:
+    """A send's run of `n` messages (actors.store.segments), ids and sequence from `first`."""
+    return (first, group, 7, first, "T", [body] * n, 0, 1.0, 1.0)
 
 
 def test_a_group_is_cached_only_from_a_moment_it_had_nothing_waiting():
     cache = ReadCache(1 << 20)
-    cache.arrived(1, [row(1)], 65, was_empty=False)
+    cache.arrived(1, run(1), 65, was_empty=False)
     assert 1 not in cache and cache.take(1, 0, None) is None
-    cache.arrived(1, [row(2)], 65, was_empty=True)
-    cache.arrived(1, [row(3)], 65, was_empty=False)
+    cache.arrived(1, run(2), 65, was_empty=True)
+    cache.arrived(1, run(3), 65, was_empty=False)
     assert [r[0] for r in cache.take(1, 0, None)] == [2, 3]
+    assert cache.take(1, 0, None)[0] == (2, 7, 2, "T", b"x", 1.0, 1.0)  # a receive row
 
 
 def test_take_skips_and_limits_and_consumed_removes_the_oldest():
     cache = ReadCache(1 << 20)
-    cache.arrived(1, [row(i) for i in range(5)], 5 * 65, was_empty=True)
+    cache.arrived(1, run(0, 5), 5 * 65, was_empty=True)
     assert [r[0] for r in cache.take(1, 1, 2)] == [1, 2]
     cache.consumed(1, 2)
     assert [r[0] for r in cache.take(1, 0, None)] == [2, 3, 4]
+    assert cache.bytes == 3 * 65
     cache.consumed(1, 3)
     assert 1 not in cache and cache.bytes == 0
 
 
+def test_takes_and_consumption_cross_the_runs_of_several_sends():
+    cache = ReadCache(1 << 20)
+    for first, n in ((0, 3), (3, 1), (4, 4)):
+        cache.arrived(1, run(first, n), n * 65, was_empty=first == 0)
+    assert [r[0] for r in cache.take(1, 2, 3)] == [2, 3, 4]
+    cache.consumed(1, 4)  # the first two runs
+    assert [r[0] for r in cache.take(1, 0, None)] == [4, 5, 6, 7]
+    cache.consumed(1, 1)  # one of the last run's
+    assert [r[0] for r in cache.take(1, 1, None)] == [6, 7] and cache.bytes == 3 * 65
+    assert [(r[0], r[2]) for r in cache.take(1, 0, 1)] == [(5, 5)]
+
+
 def test_a_group_that_would_overflow_the_cache_is_dropped_not_half_cached():
     cache = ReadCache(200)
-    cache.arrived(1, [row(1)], 100, was_empty=True)
-    cache.arrived(1, [row(2)], 150, was_empty=False)
+    cache.arrived(1, run(1), 100, was_empty=True)
+    cache.arrived(1, run(2), 150, was_empty=False)
     assert 1 not in cache and cache.bytes == 0
-    cache.arrived(2, [row(3, 2)], 250, was_empty=True)
+    cache.arrived(2, run(3, group=2), 250, was_empty=True)
     assert 2 not in cache
 
 

@@ -45,8 +45,9 @@ class Calls:
         return cursor.executemany(sql, rows)
 
 
-def _msg(id: int, group: int = 1) -> tuple[int, int, int, int, str, bytes, int, float, float]:
-    return (id, group, 1, id, "M", f"m{id}".encode(), WAITING, 1.0, 1.0)
+def _msg(id: int, group: int = 1) -> tuple:
+    """The run of one message (actors.store.segments) the store takes."""
+    return (id, group, 1, id, "M", [f"m{id}".encode()], WAITING, 1.0, 1.0)
 
 
 def _ids(store: Store) -> list[int]:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.store.segments import MAX_MESSAGES, cut, segments, unpack, waiting_rows
+from actors.store.segments import MAX_MESSAGES, cut, run_of, unpack, waiting_rows
+from actors.store.segments import segments as segments_of_runs
 
 
 def _row(i, group=1, endpoint=1, seq=None, mt="M", body=None, status=0, sent=1.0, arrived=2.0):
     body = f"m{i}".encode() if body is None else body
     return (i, group, endpoint, i if seq is None else seq, mt, body, status, sent, arrived)
+
+
+def segments(rows):
+    """The segments of message rows, each a run of one (a store upgraded from rows does this)."""
+    return segments_of_runs([run_of(r) for r in rows])
 
 
 def _back(segs) -> list[tuple]:
@@ -93,3 +100,25 @@ def test_any_rows_come_back_as_they_went_in(spec):
         i += 2 if gap else 1
         rows.append(_row(i, group=group, endpoint=endpoint, body=body, seq=i % 5))
     assert _back(segments(rows)) == rows
+
+
+def test_the_runs_of_one_conversations_sends_join_and_their_fields_are_packed_once():
+    runs = [(1, 1, 1, 0, "A", [b"a", b"b"], 0, 1.0, 2.0), (3, 1, 1, 2, "A", [b"c"], 0, 1.0, 2.0)]
+    runs.append((4, 1, 1, -1, "EndDialog", [b""], 0, 1.5, 2.0))  # the broker's own: no sequence
+    [seg] = segments_of_runs(runs)
+    assert seg[:2] == (1, 4)
+    assert [m[1:4] for m in unpack(1, seg[6])] == [
+        (0, "A", b"a"),
+        (1, "A", b"b"),
+        (2, "A", b"c"),
+        (-1, "EndDialog", b""),
+    ]
+    [one] = segments_of_runs(runs[:2])
+    # bodies, then one type, the first sequence number, one send time, one arrival time
+    assert msgpack.unpackb(one[6]) == [[b"a", b"b", b"c"], "A", 0, 1.0, 2.0]
+
+
+def test_a_run_longer_than_the_limit_is_cut_and_its_sequence_numbers_go_on():
+    [a, b] = segments_of_runs([(10, 1, 1, 5, "A", [b"x"] * (MAX_MESSAGES + 3), 0, 1.0, 1.0)])
+    assert (a[0], a[1], b[0], b[1]) == (10, 9 + MAX_MESSAGES, 10 + MAX_MESSAGES, 12 + MAX_MESSAGES)
+    assert [m[1] for m in unpack(b[0], b[6])] == [5 + MAX_MESSAGES + i for i in range(3)]

@@ -10,6 +10,7 @@ import pytest
 
 from actors.errors import InvalidArgument, StoreError
 from actors.store.database import ENDPOINT_COLUMNS, Store
+from actors.store.segments import run_of
 from tests.unit.conftest import stored_messages
 
 WAITING, RECEIVED = 0, 1
@@ -27,16 +28,21 @@ def store(request, path) -> Iterator[Store]:
     s.close()
 
 
-def _msg(
+def _row(
     id: int, group: int = 1, endpoint: int = 1, status: int = WAITING
 ) -> tuple[int, int, int, int, str, bytes, int, float, float]:
-    """A messages row: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)."""
+    """A message row: (id, group_no, endpoint_no, seq, type, body, status, sent_at, arrived_at)."""
     return (id, group, endpoint, id, "M", f"m{id}".encode(), status, float(id), float(id) + 0.5)
+
+
+def _msg(id: int, group: int = 1, endpoint: int = 1, status: int = WAITING) -> tuple:
+    """_row as the run of one message the store takes (actors.store.segments)."""
+    return run_of(_row(id, group, endpoint, status))
 
 
 def _fetched(id: int, endpoint: int = 1) -> tuple[int, int, int, str, bytes, float, float]:
     """What fetch_group returns for `_msg(id, ..., endpoint)`."""
-    _, _, ep, seq, mt, body, _, sent, arrived = _msg(id, endpoint=endpoint)
+    _, _, ep, seq, mt, body, _, sent, arrived = _row(id, endpoint=endpoint)
     return (id, ep, seq, mt, body, sent, arrived)
 
 
@@ -188,7 +194,7 @@ def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
     assert s.load_groups() == [(1, "g-1", "Q")]
     assert s.group_state(1) == b"state"
     assert s.load_endpoints() == [_endpoint_row(1)]
-    assert _all_messages(s) == [_msg(1), _msg(2, status=RECEIVED)]
+    assert _all_messages(s) == [_row(1), _row(2, status=RECEIVED)]
     assert _ids(s.transmission_for("There")) == [1]
     assert s.request_results(["r-1"]).get("r-1") == b"result"
     assert s.max_keys() == (1, 1, 2)
@@ -389,13 +395,15 @@ def test_one_send_of_many_messages_is_a_few_rows_each_within_the_segment_limits(
     from actors.store.segments import MAX_BYTES, MAX_MESSAGES
 
     n = 3 * MAX_MESSAGES + 1
-    store.insert_messages([_msg(i) for i in range(1, n + 1)])
+    store.insert_messages([(1, 1, 1, 0, "M", [b"m"] * n, WAITING, 1.0, 1.0)])  # one send
     rows = store.db.execute("SELECT first_id, last_id FROM segments ORDER BY first_id").fetchall()
     assert len(rows) == 4 and rows[-1] == (n, n)
-    assert _ids(store.fetch_group(1, None)) == list(range(1, n + 1))
-    big = [(n + i, 1, 1, n + i, "M", bytes(MAX_BYTES // 2 + 1), 0, 1.0, 1.0) for i in (1, 2)]
-    store.insert_messages(big)  # two bodies over the bytes limit together: a row each
-    assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (6,)
+    got = store.fetch_group(1, None)
+    assert _ids(got) == list(range(1, n + 1)) and [r[2] for r in got] == list(range(n))
+    big = [bytes(MAX_BYTES // 2 + 1)] * 3  # two of them are over the bytes limit together
+    store.insert_messages([(n + 1, 1, 1, n, "M", big, WAITING, 1.0, 1.0)])
+    assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (7,)
+    assert [r[2] for r in store.fetch_group(1, None)[-3:]] == [n, n + 1, n + 2]
 
 
 def test_remove_received_leaves_other_groups_alone(store):
