@@ -10,6 +10,7 @@ as Python; `RAYBROKER_PURE=1` at install compiles nothing.
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 
 from setuptools import Extension, setup
@@ -17,6 +18,11 @@ from setuptools.command.build_ext import build_ext
 
 # Python's own semantics everywhere: annotations are documentation here, not C types
 DIRECTIVES = {"language_level": 3, "binding": True, "annotation_typing": False}
+# Python's build flags ask gcc for debug information (-g): for Cython's large C files that is
+# about a quarter of the compile (measured: 13.9 -> 10.0 s for one module), and no one debugs
+# the generated C. The optimisation level stays Python's (-O3: -O1 compiles in half the time
+# but sends ran ~10% slower).
+NO_DEBUG_INFO = ["-g0"] if sys.platform != "win32" else []
 
 
 def extensions() -> list[Extension]:
@@ -28,7 +34,10 @@ def extensions() -> list[Extension]:
         return []
     with open("pyproject.toml", "rb") as f:
         names = tomllib.load(f)["tool"]["raybroker"]["compiled"]
-    modules = [Extension(name, [name.replace(".", "/") + ".py"]) for name in names]
+    modules = [
+        Extension(name, [name.replace(".", "/") + ".py"], extra_compile_args=NO_DEBUG_INFO)
+        for name in names
+    ]
     jobs = os.cpu_count() or 1
     return cythonize(modules, compiler_directives=DIRECTIVES, nthreads=jobs, quiet=True)
 
