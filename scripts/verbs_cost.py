@@ -6,6 +6,9 @@ workload. Prints CPU microseconds per message.
   100 receive-and-commits of one-message groups.
 - `paced`: rounds of one call of 100 sends (one message on each of 100 conversations), then
   receives of up to 32 groups by 4 consumers, each committing what it took in its last call.
+- `bulk-one-conversation` and `bulk-spread`: rounds of one call sending 1,000 messages, on one
+  conversation (the next one each round) or 10 on each of the 100, then receives of up to 16
+  groups, each committing what the one before took, until all 1,000 are committed.
 
 CPU time on a shared machine drifts by 2x from run to run; instruction counts do not. To count
 them, run it under callgrind with two sizes and divide the difference by the messages between:
@@ -98,7 +101,39 @@ def paced(client: Client, handles: list[str], consumers: int = 4) -> Round:
     return one_round
 
 
-SHAPES = {"many-clients": many_clients, "paced": paced}
+def bulk(client: Client, handles: list[str], spread: bool) -> Round:
+    options = _options(16, None)
+    turn = iter(range(1 << 62))
+
+    async def one_round() -> None:
+        if spread:
+            ops = [Send(h, "DEFAULT", [bytes(100)] * BULK_PER) for h in handles]
+        else:
+            h = handles[next(turn) % len(handles)]
+            ops = [Send(h, "DEFAULT", [bytes(100)] * (BULK_PER * len(handles)))]
+        await client.calls([("apply", (pack_ops(ops), None))])
+        held: list[str] = []
+        got = 0
+        while True:
+            receive = ("receive", ("T", 0.0, options, OWNER, _settle(held), None))
+            [(_, value)] = await client.calls([receive])
+            groups = unpack_received(value)
+            held = [g.lock_id for g in groups]
+            got += sum(len(g.rows) for g in groups)
+            if not groups and got >= BULK_PER * len(handles):
+                return
+
+    return one_round
+
+
+BULK_PER = 10  # bulk: messages per conversation per round (spread), 1,000 a round in all
+SHAPES: dict[str, Callable[[Client, list[str]], Round]] = {
+    "many-clients": many_clients,
+    "paced": paced,
+    "bulk-one-conversation": lambda client, handles: bulk(client, handles, spread=False),
+    "bulk-spread": lambda client, handles: bulk(client, handles, spread=True),
+}
+PER_ROUND = dict.fromkeys(("bulk-one-conversation", "bulk-spread"), BULK_PER * CONVERSATIONS)
 
 
 async def measure(rounds: int, shape: str = "many-clients") -> float:
@@ -116,7 +151,7 @@ async def measure(rounds: int, shape: str = "many-clients") -> float:
         started = time.process_time()
         for _ in range(rounds):
             await one_round()
-        return (time.process_time() - started) / (rounds * CONVERSATIONS)
+        return (time.process_time() - started) / (rounds * PER_ROUND.get(shape, CONVERSATIONS))
     finally:
         await service.close()
 
@@ -129,7 +164,7 @@ def main() -> None:
     gc.freeze()  # as the broker actor does (actors.remote.broker)
     gc.set_threshold(*GC_THRESHOLDS)
     per_message = asyncio.run(measure(rounds, shape))
-    print(f"{shape}, {rounds} rounds of {CONVERSATIONS} messages: ", end="")
+    print(f"{shape}, {rounds} rounds of {PER_ROUND.get(shape, CONVERSATIONS)} messages: ", end="")
     print(f"{per_message * 1e6:.1f} us of CPU per message")
 
 
