@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import os
 import sys
 import tempfile
@@ -103,7 +104,7 @@ def paced(client: Client, handles: list[str], consumers: int = 4) -> Round:
 
 def bulk(client: Client, handles: list[str], spread: bool) -> Round:
     options = _options(16, None)
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
 
     async def one_round() -> None:
         if spread:

@@ -96,6 +96,7 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
             raise InvalidArgument(f"durability must be 'normal' or 'full', got {durability!r}")
         self.path = path
         self._lock_fd: int | None = None
+        self._in_tx = False
         if path != ":memory:":
             check_file(path)
             self._lock_fd = lock(path, holder)
@@ -126,7 +127,6 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
             self.close()
             why = exc.reason if isinstance(exc, StoreError) else reason(exc)
             raise StoreError(path, "open", why) from exc
-        self._in_tx = False
 
     def close(self) -> None:
         """Close the file and release it to the next broker (idempotent)."""
@@ -256,18 +256,13 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
         `messages` table: they move into segments, in one transaction, and the table goes."""
         old = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='messages'"
         if self.db.execute(old).fetchone() is not None:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
+            with self.tx():
                 rows = self.db.execute("SELECT * FROM messages ORDER BY id")
                 while batch := rows.fetchmany(10_000):
                     runs = [segments.run_of(row) for row in batch]
                     self.db.executemany(INSERT_SEGMENTS, segments.segments(runs))
                 self.db.execute("DROP TABLE messages")
                 self.set_meta("schema", SCHEMA_VERSION)
-                self.db.execute("COMMIT")
-            except BaseException:
-                self._roll_back()
-                raise
         elif self.get_meta("schema") is None:
             self.set_meta("schema", SCHEMA_VERSION)
 
