@@ -263,6 +263,15 @@ class SparkUnavailable(BrokerError):
     """Spark on Ray could not start (RayDP, Java or the Python workers); the message says why."""
 
 
+# --- security (actors.security) ------------------------------------------------------------------
+
+
+class SecurityError(BrokerError):
+    """Dialog or transport security cannot do what was asked: no master key to seal or open a
+    private key, a certificate that is expired or not valid yet, a key offer or a message that
+    does not verify. The message names the certificate, service or dialog and what to do."""
+
+
 # --- mirroring (actors.mirroring) ----------------------------------------------------------------
 
 

@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # imports nothing of the project
     ("helpers", ("actors.errors", "actors.ids", "actors.packing", "actors.counters",
                  "actors.compiled")),
-    ("model", ("actors.model",)),  # catalog, names, bodies, checks, limits, routes, dialogs
+    # catalog, names, bodies, checks, limits, routes, dialogs; certificates and session keys
+    ("model", ("actors.model", "actors.security")),
     ("calls", ("actors.calls",)),  # what a call carries (envelope) and the order of calls
     ("store", ("actors.store", "actors.mirroring")),
     ("transport", ("actors.transport",)),

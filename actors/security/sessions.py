@@ -1,0 +1,172 @@
+"""Dialog security: a session key per dialog, offered by the initiator to the target, and every
+message between other brokers sealed with it.
+
+The offer travels with the dialog's first messages: the session key encrypted to the target
+service's certificate (RSA-OAEP), signed by the initiator service's certificate (RSA-PSS) unless
+the binding is anonymous. The target opens it with its private key, checks the signature and
+that the signer may send to the service. Each message is then sealed with ChaCha20-Poly1305
+under the session key; the nonce is the direction and the sequence number (each used once per
+key), and the dialog, direction, sequence number and message type are authenticated with it, so
+a sealed body cannot be read, changed, replayed at another place in the dialog, reordered or
+moved into another dialog. Every primitive is the `cryptography` package's. Plain Python."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import msgpack
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from actors.errors import SecurityError
+from actors.packing import packb
+from actors.security.certificates import CertInfo, invalid_at
+
+VERSION = 1
+KEY_BYTES = 32
+ANONYMOUS = "public"  # the grantee of a service anyone may begin dialogs to (anonymous bindings)
+
+_OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+_PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
+
+
+def new_session_key() -> bytes:
+    return os.urandom(KEY_BYTES)
+
+
+class Signer(NamedTuple):
+    """The initiator service's certificate and private key."""
+
+    fingerprint: str
+    key: rsa.RSAPrivateKey
+
+
+def _signed(conversation_id: str, from_service: str, to_service: str, fields: list) -> bytes:
+    return packb([VERSION, conversation_id, from_service, to_service, *fields])
+
+
+def offer(
+    session_key: bytes,
+    conversation_id: str,
+    from_service: str,
+    to_service: str,
+    target: CertInfo,
+    signer: Signer | None,
+) -> bytes:
+    """The key offer of a dialog: `session_key` for `target`'s private key only, signed by
+    `signer` (None: an anonymous binding)."""
+    wrapped = target.public_key.encrypt(session_key, _OAEP)
+    signer_fp = signer.fingerprint if signer is not None else None
+    fields = [target.fingerprint, signer_fp, wrapped]
+    signature = None
+    if signer is not None:
+        data = _signed(conversation_id, from_service, to_service, fields)
+        signature = signer.key.sign(data, _PSS, hashes.SHA256())
+    return packb([VERSION, *fields, signature])
+
+
+class Accepted(NamedTuple):
+    session_key: bytes
+    signer: str  # the certificate's name that signed the offer, or ANONYMOUS
+
+
+def accept(
+    blob: bytes,
+    conversation_id: str,
+    from_service: str,
+    to_service: str,
+    own_keys: Mapping[str, rsa.RSAPrivateKey],
+    known: Mapping[str, tuple[str, CertInfo]],
+    may_send: Callable[[str], bool],
+    now: float,
+) -> Accepted:
+    """Open a key offer for a dialog to `to_service`. `own_keys`: the target service's private
+    keys by certificate fingerprint; `known`: certificates this broker holds, fingerprint ->
+    (name, info); `may_send(name)`: whether that certificate (or ANONYMOUS) is granted SEND on
+    the service. SecurityError says why the offer is refused."""
+    try:
+        version, target_fp, signer_fp, wrapped, signature = msgpack.unpackb(blob, raw=False)
+    except Exception:  # msgpack raises several unrelated types for bad input
+        raise SecurityError(f"conversation {conversation_id}: a malformed key offer") from None
+    if version != VERSION:
+        raise SecurityError(f"conversation {conversation_id}: key offer version {version!r}")
+    key = own_keys.get(target_fp) if isinstance(target_fp, str) else None
+    if key is None:
+        raise SecurityError(
+            f"conversation {conversation_id}: its key offer is for a certificate of service "
+            f"{to_service!r} this broker has no private key of (fingerprint "
+            f"{str(target_fp)[:16]}...); create the service's certificate here and bind the far "
+            "side to it"
+        )
+    target = known.get(target_fp)
+    if target is not None and (why := invalid_at(target[1], now)):
+        raise SecurityError(f"conversation {conversation_id}: the target's {why}")
+    if signer_fp is None:
+        signer = ANONYMOUS
+    else:
+        found = known.get(signer_fp) if isinstance(signer_fp, str) else None
+        if found is None:
+            raise SecurityError(
+                f"conversation {conversation_id}: signed by a certificate this broker does not "
+                f"know (fingerprint {str(signer_fp)[:16]}...); import the initiator's certificate"
+            )
+        signer, info = found
+        if why := invalid_at(info, now):
+            raise SecurityError(f"conversation {conversation_id}: the initiator's {why}")
+        data = _signed(conversation_id, from_service, to_service, [target_fp, signer_fp, wrapped])
+        try:
+            info.public_key.verify(signature, data, _PSS, hashes.SHA256())
+        except (InvalidSignature, TypeError):
+            raise SecurityError(
+                f"conversation {conversation_id}: the key offer's signature does not verify "
+                f"against certificate {signer!r}"
+            ) from None
+    if not may_send(signer):
+        raise SecurityError(
+            f"conversation {conversation_id}: certificate {signer!r} is not granted SEND on "
+            f"service {to_service!r}; create a Grant for it"
+        )
+    try:
+        session_key = key.decrypt(wrapped, _OAEP)
+    except (ValueError, TypeError):
+        raise SecurityError(
+            f"conversation {conversation_id}: its key offer cannot be opened"
+        ) from None
+    if len(session_key) != KEY_BYTES:
+        raise SecurityError(f"conversation {conversation_id}: a session key of the wrong size")
+    return Accepted(session_key, signer)
+
+
+class Session:
+    """One dialog's sealing and opening of bodies."""
+
+    __slots__ = ("aead", "conversation_id")
+
+    def __init__(self, session_key: bytes, conversation_id: str) -> None:
+        self.aead = ChaCha20Poly1305(session_key)
+        self.conversation_id = conversation_id
+
+    def _nonce_aad(self, from_initiator: bool, seq: int, message_type: str) -> tuple[bytes, bytes]:
+        direction = b"i" if from_initiator else b"t"
+        nonce = direction + seq.to_bytes(8, "big") + b"\0\0\0"
+        aad = b"\0".join((self.conversation_id.encode(), direction, message_type.encode()))
+        return nonce, aad
+
+    def seal(self, from_initiator: bool, seq: int, message_type: str, body: bytes) -> bytes:
+        nonce, aad = self._nonce_aad(from_initiator, seq, message_type)
+        return self.aead.encrypt(nonce, body, aad)
+
+    def open(self, from_initiator: bool, seq: int, message_type: str, sealed: bytes) -> bytes:
+        """The body; SecurityError if it was changed, or belongs elsewhere in any dialog."""
+        nonce, aad = self._nonce_aad(from_initiator, seq, message_type)
+        try:
+            return self.aead.decrypt(nonce, sealed, aad)
+        except (InvalidTag, ValueError):
+            raise SecurityError(
+                f"conversation {self.conversation_id}: message {seq} does not verify (changed "
+                "in flight, or not of this dialog at this place)"
+            ) from None
