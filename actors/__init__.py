@@ -34,11 +34,13 @@ from actors.errors import (
     NotFound,
     NotPrincipal,
     QueueDisabled,
+    SecurityError,
     StoreError,
     StoreInUse,
     ValidationFailed,
 )
 from actors.model.catalog import Activation, Contract, MessageType, Queue, Service
+from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
 from actors.model.limits import Limits
 
 if TYPE_CHECKING:
@@ -94,11 +96,13 @@ __all__ = [
     "BrokerHandle",
     "BrokerUnavailable",
     "CatalogError",
+    "Certificate",
     "Contract",
     "ContractViolation",
     "ConversationEnded",
     "ConversationNotFound",
     "End",
+    "Grant",
     "GroupLocked",
     "HandlerContext",
     "IngestError",
@@ -120,6 +124,8 @@ __all__ = [
     "StoreError",
     "StoreInUse",
     "ReceivedGroup",
+    "RemoteServiceBinding",
+    "SecurityError",
     "Send",
     "Service",
     "Timer",

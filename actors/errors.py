@@ -98,6 +98,18 @@ class UnknownBroker(NotFound):
     kind = "broker"
 
 
+class UnknownCertificate(NotFound):
+    kind = "certificate"
+
+
+class UnknownBinding(NotFound):
+    kind = "remote service binding"
+
+
+class UnknownGrant(NotFound):
+    kind = "grant"
+
+
 class InUse(CatalogError):
     """A definition cannot be dropped or changed because something still refers to it."""
 

@@ -3,7 +3,8 @@ anything starts, then deployed onto the Ray cluster the driver is connected to.
 
 Top level: `brokers:` (required) and `router_sets:`. A broker has `name`, `storage` (a file name
 under the deploy's data directory, or ":memory:"), lists of `message_types`, `contracts`, `queues`
-(with optional `activation`) and `services`, written as the definitions' fields, and optionally
+(with optional `activation`), `services`, `certificates`, `remote_service_bindings` and `grants`,
+written as the definitions' fields, and optionally
 `placement` ({resources: {name: amount}, node_labels: {key: value}}), `forwarding` (bool),
 `limits` ({Limits field: value}) and `routes` (create_route's fields plus `table`). A route's
 `broker_instance` is a broker id or, since ids exist only once brokers run, the name of a broker
@@ -60,6 +61,11 @@ SECTIONS = (
     ("contracts", "contract"),
     ("queues", "queue"),
     ("services", "service"),
+    # dialog security (actors.model.credentials): a broker's own certificates (an owner, made by
+    # the broker under its limits' master_key_file), far ones (a PEM), bindings and grants
+    ("certificates", "certificate"),
+    ("remote_service_bindings", "remote_service_binding"),
+    ("grants", "grant"),
 )
 TOP_KEYS = {"brokers", "router_sets"}
 EXTRA_KEYS = {"placement", "forwarding", "limits", "routes"}

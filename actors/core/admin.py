@@ -13,6 +13,7 @@ from actors.core.state import ROUTE_TABLES
 from actors.core.work import Part, UnitOfWork
 from actors.errors import InUse, InvalidArgument
 from actors.model.catalog import Definition, Queue, Service, kind_of, to_record
+from actors.model.credentials import Certificate, shown_record
 from actors.model.dialogs import State
 from actors.model.routing import Route, RouteTable
 
@@ -31,7 +32,11 @@ class Admin(Part):
             defn = Service(defn.name, defn.queue, tuple(defn.contracts))
 
         def fn(w: Changes) -> None:
+            nonlocal defn
             st.catalog.check_new(defn)
+            if isinstance(defn, Certificate) and not defn.certificate:
+                defn = st.keyring.make(defn, w.now)  # one of this broker's own
+                st.catalog.check_valid(defn)
             kind = kind_of(defn)
             self.store.put_definition(kind, defn.name, to_record(defn))
             st.catalog.add(defn)
@@ -94,7 +99,12 @@ class Admin(Part):
         self.uow.run(fn, request_id)
 
     def definitions(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(kind_of(d), to_record(d)) for d in self.state.catalog.user_definitions()]
+        """Every user definition, as records (a certificate's sealed private key left out)."""
+        out = []
+        for d in self.state.catalog.user_definitions():
+            kind = kind_of(d)
+            out.append((kind, shown_record(kind, to_record(d))))
+        return out
 
     # --- routes ----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import heapq
 from typing import Any, NamedTuple
 
 from actors.core.changes import Changes, Group
+from actors.core.keyring import Keyring
 from actors.core.locks import LockTable, QueueIndex
 from actors.core.poison import PoisonCounter
 from actors.core.readcache import ReadCache
@@ -46,6 +47,7 @@ class BrokerState:
         self.catalog = Catalog(limits.code_modules)
         for kind, rec in store.load_catalog():
             self.catalog.add(from_record(kind, rec))
+        self.keyring = Keyring(limits)
         self.locks = LockTable(limits.lease_s)
         self.poison = PoisonCounter()
         self.cache = ReadCache(limits.read_cache_bytes)

@@ -16,14 +16,19 @@ from actors.errors import (
     AlreadyExists,
     InUse,
     InvalidDefinition,
+    UnknownBinding,
+    UnknownCertificate,
     UnknownContract,
+    UnknownGrant,
     UnknownMessageType,
     UnknownQueue,
     UnknownService,
     shown,
 )
+from actors.model import credentials
 from actors.model.bodies import MAX_DEFINITION_DEPTH, BodyValidator, plain_json_object, too_deep
 from actors.model.code_names import check_code_name, handler_path, resolve_handler
+from actors.model.credentials import Certificate, Credential, Grant, RemoteServiceBinding
 from actors.model.names import check_name
 
 VALIDATIONS = ("none", "empty", "json", "msgpack", "json_schema")
@@ -119,14 +124,16 @@ class Service:
     contracts: tuple[str, ...] = ()
 
 
-Definition = MessageType | Contract | Queue | Service
+Definition = MessageType | Contract | Queue | Service | Credential
 KINDS: dict[str, type] = {
     "message_type": MessageType,
     "contract": Contract,
     "queue": Queue,
     "service": Service,
+    **credentials.KINDS,  # certificates, remote service bindings, grants (dialog security)
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
+_TABLES = {kind: f"{kind}s" for kind in KINDS}  # the Catalog's attribute of each kind
 
 
 def kind_of(defn: Definition) -> str:
@@ -194,6 +201,9 @@ class Catalog:
         self.contracts: dict[str, Contract] = {}
         self.queues: dict[str, Queue] = {}
         self.services: dict[str, Service] = {}
+        self.certificates: dict[str, Certificate] = {}
+        self.remote_service_bindings: dict[str, RemoteServiceBinding] = {}
+        self.grants: dict[str, Grant] = {}
         self._validators: dict[str, BodyValidator] = {}
         self.add(MessageType(DEFAULT))
         self.add(MessageType(ECHO))
@@ -212,12 +222,7 @@ class Catalog:
     )
 
     def _table(self, kind: str) -> dict[str, Any]:
-        return {
-            "message_type": self.message_types,
-            "contract": self.contracts,
-            "queue": self.queues,
-            "service": self.services,
-        }[kind]
+        return getattr(self, _TABLES[kind])
 
     # --- checks: raise, change nothing -------------------------------------------------------
 
@@ -302,6 +307,8 @@ class Catalog:
             for c in defn.contracts:
                 if c not in self.contracts:
                     raise UnknownContract(c, f"service {defn.name!r} names it")
+        else:
+            credentials.check_credential(defn, self)
 
     def check_alter(self, kind: str, name: str, changes: Mapping[str, Any]) -> Definition:
         """The altered definition, checked; raises if it may not be made."""
@@ -354,7 +361,7 @@ class Catalog:
             users = [s.name for s in self.services.values() if name in s.contracts]
         elif kind == "queue":
             users = [s.name for s in self.services.values() if s.queue == name]
-        users = list(users)
+        users = [*users, *credentials.credential_users(kind, name, self)]
         if users:
             raise InUse(
                 f"{kind.replace('_', ' ')} {name!r} is used by {', '.join(sorted(users))}; "
@@ -381,6 +388,9 @@ class Catalog:
         "contract": UnknownContract,
         "queue": UnknownQueue,
         "service": UnknownService,
+        "certificate": UnknownCertificate,
+        "remote_service_binding": UnknownBinding,
+        "grant": UnknownGrant,
     }
 
     def get(self, kind: str, name: str) -> Any:
@@ -419,7 +429,7 @@ class Catalog:
     def user_definitions(self) -> list[Definition]:
         """Everything but the built-ins, in an order that can be re-created."""
         out: list[Definition] = []
-        for kind in ("message_type", "contract", "queue", "service"):
+        for kind in KINDS:  # a kind names only kinds before it
             out += [d for n, d in self._table(kind).items() if (kind, n) not in self.BUILTIN]
         return out
 

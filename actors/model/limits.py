@@ -48,12 +48,20 @@ class Limits:
     backlog_target_s: float = 2.0  # a backlog the readers would need longer than this wants more
     # --- code named by definitions (actors.model.code_names) ---
     code_modules: tuple[str, ...] = ()  # modules or packages handlers and classifiers may be in
+    # --- dialog security (actors.security) ---
+    # the file holding the master key this broker's private keys are sealed under (else
+    # $RAYBROKER_MASTER_KEY_FILE or $RAYBROKER_MASTER_KEY in its process); a path, never the key
+    master_key_file: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "code_modules", check_code_modules(self.code_modules))
         for f in fields(self):
             value, what, zero = getattr(self, f.name), f"limit {f.name}", f.name in _ZERO_OK
             if f.name == "code_modules":
+                continue
+            if f.name == "master_key_file":
+                if value is not None and (not isinstance(value, str) or not value):
+                    raise InvalidArgument(f"{what} is a file's path, not {value!r}")
                 continue
             if f.type in (int, "int"):
                 checks.whole(what, value, least=0 if zero else 1)

@@ -110,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     verify_arguments(verify)
     verify.set_defaults(fn=_verify)
+    from actors.tools import certs as cert_commands
     from actors.tools import mirror as mirror_commands
     from spark_bridge import commands as spark_commands  # argparse only: Spark loads when used
     from topologies import commands as topology_commands
@@ -117,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark_commands.add_parsers(sub)
     topology_commands.add_parsers(sub)
     mirror_commands.add_parsers(sub)
+    cert_commands.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
