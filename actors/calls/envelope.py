@@ -53,7 +53,12 @@ class Begin:
     and contract), the Begin does nothing, so a re-run begins each dialog once; also when that
     dialog ended and went, for as long as the broker remembers it (`ended_retention_s`): the
     handle then names no endpoint, a `Send ... AT` of what it sent before sends nothing, and
-    any other verb on it raises ConversationEnded."""
+    any other verb on it raises ConversationEnded.
+
+    `encryption` (seed 003's ENCRYPTION): on, no message of the dialog leaves this broker
+    unless dialog security is configured for its far service (a RemoteServiceBinding); they wait
+    in the transmission queue, saying so, until it is. Off, they are sealed when it is
+    configured and go in the clear when not. Within one broker nothing is encrypted."""
 
     from_service: str
     to_service: str
@@ -65,6 +70,7 @@ class Begin:
     lifetime: float | None = None
     conversation_id: str | None = None
     if_absent: bool = False
+    encryption: bool = False
 
     def __post_init__(self) -> None:
         _name("from_service", self.from_service)
@@ -85,6 +91,7 @@ class Begin:
         checks.seconds("dialog lifetime", self.lifetime, none=True)
         _handle("conversation_id", self.conversation_id, none=True)
         checks.flag("if_absent", self.if_absent)
+        checks.flag("encryption", self.encryption)
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,7 @@ class Timer:
 
 Op = Begin | Send | End | Timer
 _TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
-_ARITY = {0: 11, 1: 5, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
+_ARITY = {0: 12, 1: 5, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
 
 
 def call_bytes(ops: Sequence[Op]) -> int:
@@ -227,6 +234,7 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
                     op.lifetime,
                     op.conversation_id,
                     op.if_absent,
+                    op.encryption,
                 ]
             )
         elif tag == 2:

@@ -158,8 +158,9 @@ class Verbs:
         related_group: str | None = None,
         lifetime: float | None = None,
         to_broker: str | None = None,
+        encryption: bool = False,
     ) -> Any:
-        """BEGIN DIALOG; returns the new conversation handle."""
+        """BEGIN DIALOG; returns the new conversation handle (`encryption`: see `Begin`)."""
         op = Begin(
             from_service,
             to_service,
@@ -168,6 +169,7 @@ class Verbs:
             related_conversation=related_conversation,
             related_group=related_group,
             lifetime=lifetime,
+            encryption=encryption,
         )
         return self._call("apply", self._pack([op]), None, post=lambda r: r["handles"][0])
 
@@ -412,6 +414,7 @@ class BrokerHandle(Protocol):
         related_group: str | None = None,
         lifetime: float | None = None,
         to_broker: str | None = None,
+        encryption: bool = False,
     ) -> str: ...
     def send(
         self, handles: str | Sequence[str], message_type: str, body: bytes = b""

@@ -13,9 +13,11 @@ from actors.core.state import ROUTE_TABLES
 from actors.core.work import Part, UnitOfWork
 from actors.errors import InUse, InvalidArgument
 from actors.model.catalog import Definition, Queue, Service, kind_of, to_record
-from actors.model.credentials import Certificate, shown_record
+from actors.model.credentials import Certificate, Grant, RemoteServiceBinding, shown_record
 from actors.model.dialogs import State
 from actors.model.routing import Route, RouteTable
+
+CREDENTIALS = (Certificate, RemoteServiceBinding, Grant)
 
 
 class Admin(Part):
@@ -45,6 +47,8 @@ class Admin(Part):
                 w.after.append(lambda: st.queue_index(defn.name))
             if isinstance(defn, Service):
                 self.delivery.unpark_service(w, defn.name)
+            if isinstance(defn, CREDENTIALS):
+                self.store.retry_all_now()  # dialogs waiting for dialog security may go now
 
         self.uow.run(fn, request_id)
 
@@ -69,6 +73,8 @@ class Admin(Part):
                 self.store.settle_received([g.no for g in st.groups.values() if g.queue == name])
             if isinstance(new, Service):
                 self.delivery.unpark_service(w, name)
+            if isinstance(new, CREDENTIALS):
+                self.store.retry_all_now()
 
         self.uow.run(fn, request_id)
 

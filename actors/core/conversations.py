@@ -151,6 +151,7 @@ class Conversations(Part):
             expires_at=None if lifetime is None else w.now + lifetime,
             far_broker=far_broker,
             rerunnable=op.if_absent,
+            encryption=op.encryption,
         )
         return op.handle
 

@@ -1,21 +1,43 @@
-"""The broker's keys: the master key (read once, when first needed) and the certificates this
-broker makes for its own services, their private keys sealed under the master key before the
-store sees them. Plain Python, no Ray."""
+"""The broker's keys: the master key (read once, when first needed), the certificates this broker
+makes for its own services (their private keys sealed under the master key before the store sees
+them), and the session key of every secured dialog with an endpoint here. Which certificate a
+dialog uses, and whether its messages travel sealed, wait or go in the clear, is decided here
+(seed 003). Plain Python, no Ray."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from actors.errors import SecurityError
-from actors.model.credentials import Certificate
+from actors.model.catalog import Catalog
+from actors.model.credentials import Certificate, RemoteServiceBinding
+from actors.model.dialogs import Endpoint
 from actors.model.limits import Limits
 from actors.security import certificates
+from actors.security.certificates import CertInfo
+from actors.security.sessions import (
+    ANONYMOUS,
+    Accepted,
+    Session,
+    Signer,
+    accept,
+    new_session_key,
+    offer,
+    unwrap_key,
+    wrap_key,
+)
 
 
 class Keyring:
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, catalog: Catalog) -> None:
         self.limits = limits
+        self.catalog = catalog
         self._master: bytes | None = None
+        self.sessions: dict[int, tuple[Session, bytes]] = {}  # endpoint no -> (session, key)
+        self._infos: dict[str, CertInfo] = {}  # PEM -> what it says
+        self._keys: dict[str, rsa.RSAPrivateKey] = {}  # fingerprint -> opened private key
 
     def master(self) -> bytes:
         """The master key; SecurityError saying how to give one if the broker has none."""
@@ -38,3 +60,128 @@ class Keyring:
         subject = certificates.read(pem).subject
         return replace(defn, certificate=pem, subject=subject,
                        private_key=certificates.seal_key(key, master))  # fmt: skip
+
+    # --- certificates ------------------------------------------------------------------------
+
+    def info(self, cert: Certificate) -> CertInfo:
+        found = self._infos.get(cert.certificate)
+        if found is None:
+            found = self._infos[cert.certificate] = certificates.read(cert.certificate)
+        return found
+
+    def known(self) -> dict[str, tuple[str, CertInfo]]:
+        """Every certificate this broker holds: fingerprint -> (name, info)."""
+        return {self.info(c).fingerprint: (c.name, self.info(c))
+                for c in self.catalog.certificates.values()}  # fmt: skip
+
+    def _private(self, cert: Certificate) -> rsa.RSAPrivateKey:
+        fp = self.info(cert).fingerprint
+        key = self._keys.get(fp)
+        if key is None:
+            key = self._keys[fp] = certificates.open_key(cert.private_key, self.master(), cert.name)
+        return key
+
+    def own_keys(self, service: str) -> dict[str, rsa.RSAPrivateKey]:
+        """The private keys of `service`'s certificates, old and new (a dialog secured before a
+        rotation still opens), by fingerprint."""
+        return {self.info(c).fingerprint: self._private(c)
+                for c in self.catalog.certificates.values()
+                if c.owner == service and c.private_key}  # fmt: skip
+
+    def signer(self, service: str, now: float) -> Signer | str:
+        """The newest valid certificate of `service` with its private key, or why there is none."""
+        mine = [c for c in self.catalog.certificates.values()
+                if c.owner == service and c.private_key]  # fmt: skip
+        valid = [c for c in mine if certificates.invalid_at(self.info(c), now) is None]
+        if not valid:
+            why = (
+                certificates.invalid_at(self.info(mine[-1]), now)
+                if mine
+                else "it has no certificate with a private key"
+            )
+            return (
+                f"service {service!r} cannot sign the dialog's key offer: {why}; create a "
+                f"certificate with owner {service!r} (raybroker cert create)"
+            )
+        newest = max(valid, key=lambda c: self.info(c).not_before)
+        return Signer(self.info(newest).fingerprint, self._private(newest))
+
+    def binding(self, service: str) -> RemoteServiceBinding | None:
+        for b in self.catalog.remote_service_bindings.values():
+            if b.service == service:
+                return b
+        return None
+
+    # --- dialogs -----------------------------------------------------------------------------
+
+    def outbound(self, ep: Endpoint, now: float) -> tuple[Session, bool] | str | None:
+        """How messages leave this broker on `ep`: (session, fresh) to seal them with (fresh: a
+        new session, whose key must be stored before they go), None in the clear, or why they
+        wait. A dialog with a session keeps it, whatever the bindings became; an initiator's
+        dialog gets one when its far service is bound; the target's side follows the initiator."""
+        known = self.sessions.get(ep.no)
+        if known is not None:
+            return known[0], False
+        if not ep.is_initiator:
+            return None
+        binding = self.binding(ep.far_service)
+        if binding is None:
+            if not ep.encryption:
+                return None
+            return (
+                f"dialog security is unavailable: no remote service binding for service "
+                f"{ep.far_service!r} and the dialog was begun with encryption on; create a "
+                "RemoteServiceBinding for it, or begin dialogs with encryption=False"
+            )
+        try:
+            self.master()
+        except SecurityError as exc:
+            return str(exc)
+        key = new_session_key()
+        session = Session(key, ep.conversation_id)
+        self.sessions[ep.no] = (session, key)
+        return session, True
+
+    def offer(self, ep: Endpoint, now: float) -> bytes | str:
+        """The key offer of an initiator's secured dialog (it rides with message 0), or why it
+        cannot be made now."""
+        _, key = self.sessions[ep.no]
+        binding = self.binding(ep.far_service)
+        if binding is None:
+            return (
+                f"the key offer of conversation {ep.conversation_id} needs the remote service "
+                f"binding of service {ep.far_service!r}, which was dropped; create it again"
+            )
+        target = self.info(self.catalog.certificates[binding.certificate])
+        if why := certificates.invalid_at(target, now):
+            return f"service {ep.far_service!r}'s {why} (binding {binding.name!r}); bind a new one"
+        signer = None
+        if not binding.anonymous:
+            found = self.signer(ep.service, now)
+            if isinstance(found, str):
+                return found
+            signer = found
+        return offer(key, ep.conversation_id, ep.service, ep.far_service, target, signer)
+
+    def accept(
+        self, blob: bytes, conversation_id: str, from_service: str, to_service: str, now: float
+    ) -> Accepted:
+        """Open a dialog's key offer for local service `to_service` (SecurityError: refused)."""
+        granted = {g.certificate for g in self.catalog.grants.values() if g.service == to_service}
+        return accept(blob, conversation_id, from_service, to_service,
+                      self.own_keys(to_service), self.known(), granted.__contains__,
+                      now)  # fmt: skip
+
+    def wrapped(self, ep_no: int) -> bytes:
+        """The session key of endpoint `ep_no`, sealed for the store."""
+        return wrap_key(self.sessions[ep_no][1], self.master(), ep_no)
+
+    def load(self, rows: list[tuple[int, bytes]], conversations: dict[int, str]) -> None:
+        """Session keys as the store keeps them (endpoint no, sealed key)."""
+        for no, blob in rows:
+            if no in conversations:
+                key = unwrap_key(blob, self.master(), no)
+                self.sessions[no] = (Session(key, conversations[no]), key)
+
+
+__all__ = ["ANONYMOUS", "Keyring"]

@@ -14,6 +14,7 @@ from actors.model.catalog import Catalog
 from actors.model.dialogs import Endpoint, State
 from actors.model.limits import Limits
 from actors.model.routing import Hop, Match, next_hops
+from actors.security.sessions import Session
 
 T = TypeVar("T")
 
@@ -123,3 +124,33 @@ class CorePort(Part):
 
     def record_event(self, w: Changes, kind: str, subject: str, detail: str) -> None:
         w.event(kind, subject, detail)
+
+    # --- dialog security -------------------------------------------------------------------------
+
+    def outbound_security(self, ep: Endpoint, now: float) -> tuple[Session, bool] | str | None:
+        return self.state.keyring.outbound(ep, now)
+
+    def key_offer(self, ep: Endpoint, now: float) -> bytes | str:
+        return self.state.keyring.offer(ep, now)
+
+    def keep_sessions(self, w: Changes, ep_nos: Sequence[int]) -> None:
+        keyring = self.state.keyring
+        self.store.put_dialog_keys([(no, keyring.wrapped(no)) for no in ep_nos])
+        w.undo.append(lambda: [keyring.sessions.pop(no, None) for no in ep_nos])
+
+    def forget_session(self, ep_no: int) -> None:
+        self.state.keyring.sessions.pop(ep_no, None)
+
+    def session(self, ep_no: int) -> Session | None:
+        found = self.state.keyring.sessions.get(ep_no)
+        return None if found is None else found[0]
+
+    def accept_offer(
+        self, blob: bytes, conversation_id: str, from_service: str, to_service: str, now: float
+    ) -> bytes:
+        keyring = self.state.keyring
+        return keyring.accept(blob, conversation_id, from_service, to_service, now).session_key
+
+    def keep_session(self, w: Changes, ep: Endpoint, session_key: bytes) -> None:
+        self.state.keyring.sessions[ep.no] = (Session(session_key, ep.conversation_id), session_key)
+        self.keep_sessions(w, [ep.no])

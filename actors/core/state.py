@@ -47,7 +47,7 @@ class BrokerState:
         self.catalog = Catalog(limits.code_modules)
         for kind, rec in store.load_catalog():
             self.catalog.add(from_record(kind, rec))
-        self.keyring = Keyring(limits)
+        self.keyring = Keyring(limits, self.catalog)
         self.locks = LockTable(limits.lease_s)
         self.poison = PoisonCounter()
         self.cache = ReadCache(limits.read_cache_bytes)
@@ -62,9 +62,15 @@ class BrokerState:
         self.timers: list[Due] = []  # a heap; entries no longer current are skipped
         self._current: dict[tuple[int, str], float] = {}  # (endpoint, kind) -> its due time
         for row in store.load_endpoints():
-            ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:])
+            ep = Endpoint(
+                *row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:16], bool(row[16])
+            )
             self.add_endpoint(ep)
             self.schedule(ep)
+        keys = store.dialog_keys()
+        if keys:  # secured dialogs' session keys: they open with the master key
+            ids = {no: ep.conversation_id for no, ep in self.endpoints.items()}
+            self.keyring.load(keys, ids)
         for handle in store.rerunnable_handles():
             if handle in self.handles:
                 self.handles[handle].rerunnable = True
@@ -152,6 +158,7 @@ class BrokerState:
 
     def drop_endpoint(self, ep: Endpoint) -> None:
         self.forget_schedule(ep.no)
+        self.keyring.sessions.pop(ep.no, None)
         self.endpoints.pop(ep.no, None)
         self.handles.pop(ep.handle, None)
         self.conversations.pop((ep.conversation_id, ep.is_initiator), None)

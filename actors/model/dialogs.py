@@ -63,6 +63,9 @@ class Endpoint:
     # set when this side ends with an EndDialog or an Error to the far side, which takes the next
     # sequence number: how many of the dialog's messages its user sent (None: send_seq says)
     user_sent: int | None = None
+    # begun with ENCRYPTION ON: its messages leave this broker only sealed (seed 003); a dialog
+    # with a session key (actors.core.keyring) is sealed whatever this says
+    encryption: bool = False
     # begun with `if_absent`: remembered after it goes, so a re-run of that Begin and its
     # Send ... AT find it ended rather than begin it again (kept in the store's `rerunnable`)
     rerunnable: bool = False
@@ -102,6 +105,7 @@ class Endpoint:
             self.far_broker,
             self.closed_at,
             self.user_sent,
+            int(self.encryption),
         )
 
 

@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from actors.errors import SecurityError
 from actors.packing import packb
@@ -170,3 +171,29 @@ class Session:
                 f"conversation {self.conversation_id}: message {seq} does not verify (changed "
                 "in flight, or not of this dialog at this place)"
             ) from None
+
+
+# --- session keys at rest ------------------------------------------------------------------
+
+
+def _key_wrapper(master: bytes) -> ChaCha20Poly1305:
+    """The AEAD that keeps session keys in the store, keyed by the master key (through HKDF:
+    the master key itself seals private keys, this one only session keys)."""
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"raybroker session keys")
+    return ChaCha20Poly1305(hkdf.derive(master))
+
+
+def wrap_key(session_key: bytes, master: bytes, endpoint_no: int) -> bytes:
+    """A session key sealed for the store, bound to its endpoint's row."""
+    nonce = os.urandom(12)
+    return nonce + _key_wrapper(master).encrypt(nonce, session_key, str(endpoint_no).encode())
+
+
+def unwrap_key(blob: bytes, master: bytes, endpoint_no: int) -> bytes:
+    try:
+        return _key_wrapper(master).decrypt(blob[:12], blob[12:], str(endpoint_no).encode())
+    except (InvalidTag, ValueError):
+        raise SecurityError(
+            f"the session key of endpoint {endpoint_no} does not open with this master key; "
+            "start the broker with the master key its dialogs were secured under"
+        ) from None

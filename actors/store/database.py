@@ -41,8 +41,9 @@ CREATE TABLE IF NOT EXISTS endpoints (
     is_initiator INTEGER NOT NULL, service TEXT NOT NULL, far_service TEXT NOT NULL,
     contract TEXT NOT NULL, group_no INTEGER NOT NULL, state TEXT NOT NULL,
     send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL, expires_at REAL, timer_at REAL,
-    far_broker TEXT, closed_at REAL, user_sent INTEGER);
+    far_broker TEXT, closed_at REAL, user_sent INTEGER, encryption INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS endpoints_conversation ON endpoints (conversation_id, is_initiator);
+CREATE TABLE IF NOT EXISTS dialog_keys (endpoint_no INTEGER PRIMARY KEY, sealed BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS endpoint_seqs (
     no INTEGER PRIMARY KEY, send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS segments (
@@ -80,7 +81,7 @@ CREATE INDEX IF NOT EXISTS rerunnable_ended ON rerunnable (ended_at) WHERE ended
 
 ENDPOINT_COLUMNS = (
     "no, handle, conversation_id, is_initiator, service, far_service, contract, group_no, state, "
-    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent"
+    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent, encryption"
 )
 ENDPOINT_COLUMNS_LIVE = ENDPOINT_COLUMNS.replace("send_seq, recv_seq", "s.send_seq, s.recv_seq")
 MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"  # a receive's rows
@@ -243,10 +244,15 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
         """Endpoints without a row in `endpoint_seqs` (a store written before it existed, or
         rows an earlier raybroker wrote since) get theirs from the endpoints table, on every
         open; those that have one keep it. An endpoints table written before `user_sent`
-        existed gets the column (empty: such endpoints' users sent all their messages)."""
+        existed gets the column (empty: such endpoints' users sent all their messages); one
+        written before dialog security gets `encryption` (off: such dialogs go in the clear)."""
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(endpoints)")}
         if "user_sent" not in columns:
             self.db.execute("ALTER TABLE endpoints ADD COLUMN user_sent INTEGER")
+        if "encryption" not in columns:
+            self.db.execute(
+                "ALTER TABLE endpoints ADD COLUMN encryption INTEGER NOT NULL DEFAULT 0"
+            )
         self.db.execute(
             "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
         )
@@ -301,6 +307,14 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
         keys = [(n,) for n in nos]
         self.db.executemany("DELETE FROM endpoints WHERE no=?", keys)
         self.db.executemany("DELETE FROM endpoint_seqs WHERE no=?", keys)
+        self.db.executemany("DELETE FROM dialog_keys WHERE endpoint_no=?", keys)
+
+    def put_dialog_keys(self, rows: Iterable[tuple[int, bytes]]) -> None:
+        """Secured dialogs' session keys, sealed under the master key: (endpoint no, sealed)."""
+        self.db.executemany("INSERT OR REPLACE INTO dialog_keys VALUES (?, ?)", rows)
+
+    def dialog_keys(self) -> list[tuple[int, bytes]]:
+        return self.db.execute("SELECT endpoint_no, sealed FROM dialog_keys").fetchall()
 
     def max_keys(self) -> tuple[int, int, int]:
         """The highest endpoint, group and message numbers in use (0 when none). An endpoint

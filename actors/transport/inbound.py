@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.errors import BrokerError
+from actors.errors import BrokerError, SecurityError
 from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
 from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
 from actors.model.routing import Hop
@@ -17,6 +17,7 @@ from actors.transport.port import BrokerPort, Work
 from actors.transport.wire import (
     CONVERSATION_NOT_FOUND,
     MESSAGE_REFUSED,
+    SECURITY_REFUSED,
     Ack,
     Bundle,
     read_bundle,
@@ -53,7 +54,8 @@ class Drops:
 
     def add_raw(self, raw: Any, why: str) -> None:
         """A malformed bundle: what of it can be read names the service and the sender."""
-        fields = raw if isinstance(raw, list) and len(raw) == len(Bundle._fields) else []
+        n = len(Bundle._fields)
+        fields = raw if isinstance(raw, list) and len(raw) in (n - 1, n) else []
         b = Bundle(*fields) if fields else None
 
         def text(value: Any) -> str:
@@ -211,9 +213,16 @@ class Receiver:
                     f"service {bd.to_service!r} on {port.name} does not accept contract "
                     f"{bd.contract!r}",
                 )
+            session_key = None
+            if bd.security is not None:  # a secured dialog: its key offer opens, or nothing
+                session_key = self._accepted(w, bd)
+                if isinstance(session_key, str):
+                    return nack(SECURITY_REFUSED, session_key)
             ep = port.open_target(
                 w, conv, svc.name, bd.from_service, bd.contract, bd.expires_at, bd.from_broker
             )
+            if session_key is not None:
+                port.keep_session(w, ep, session_key)
         if ep.far_broker not in (None, bd.from_broker):
             # seed 002's "multiple target endpoints": a second broker answers a dialog that is
             # bound to another; refuse it so that broker's side of the dialog errors
@@ -229,6 +238,11 @@ class Receiver:
         if start:  # duplicates: already delivered; acknowledge them again
             acks.append(self._ack(bd, seqs[0], seqs[start - 1]))
         types, bodies = bd.types, bd.bodies
+        if bd.security is not None or port.session(ep.no) is not None:
+            opened = self._opened(w, bd, ep, start)
+            if isinstance(opened, str):
+                return nack(SECURITY_REFUSED, opened)
+            seqs, bodies = seqs[: start + len(opened)], [*bodies[:start], *opened]
         i = start
         while i < len(seqs) and seqs[i] == ep.recv_seq:
             j = i
@@ -250,6 +264,58 @@ class Receiver:
             acks.append(self._ack(bd, seqs[i], seqs[j]))
             i = j + 1
         return acks  # anything after a gap waits for the resend
+
+    def _accepted(self, w: Work, bd: Bundle) -> bytes | str:
+        """The session key of a secured dialog's first bundle, or why its key offer is refused
+        (also an event naming the dialog)."""
+        port = self.port
+        offer = bd.security[0] if bd.security else None
+        try:
+            if offer is None:
+                raise SecurityError(
+                    f"conversation {bd.conversation_id}: its first message came sealed without "
+                    "the dialog's key offer"
+                )
+            return port.accept_offer(
+                offer, bd.conversation_id, bd.from_service, bd.to_service, port.now()
+            )
+        except SecurityError as exc:
+            port.record_event(w, "SecurityRefused", bd.to_service,
+                              f"from broker {bd.from_broker}: {exc}")  # fmt: skip
+            return str(exc)
+
+    def _opened(self, w: Work, bd: Bundle, ep: Endpoint, start: int) -> list[bytes] | str:
+        """The bodies from `start` on, opened with the dialog's session key, up to the first
+        that does not verify (it and those after it are not acknowledged: the sender's
+        retransmission of the original is delivered once). A message in the clear on a
+        secured dialog, or sealed on one without a key here, is not taken either."""
+        port = self.port
+        session = port.session(ep.no)
+        if session is None:  # sealed, on a dialog that arrived in the clear: its offer decides
+            key = self._accepted(w, bd)
+            if isinstance(key, str):
+                return key
+            port.keep_session(w, ep, key)
+            session = port.session(ep.no)
+            assert session is not None
+        opened: list[bytes] = []
+        why = ""
+        if bd.security is None:
+            why = "came in the clear on a secured dialog"
+        else:
+            seqs, types, bodies = bd.seqs, bd.types, bd.bodies
+            for i in range(start, len(seqs)):
+                try:
+                    opened.append(session.open(bd.from_initiator, seqs[i], types[i], bodies[i]))
+                except SecurityError:
+                    why = "does not verify (changed in flight, or not of this dialog here)"
+                    break
+        if why:
+            at = bd.seqs[start + len(opened)] if start + len(opened) < len(bd.seqs) else "?"
+            port.record_event(w, "SecurityRefused", ep.service,
+                              f"conversation {bd.conversation_id}: message {at} from broker "
+                              f"{bd.from_broker} {why}; not delivered")  # fmt: skip
+        return opened
 
     def _after_end(self, bd: Bundle, taken: int) -> list[Ack]:
         """A bundle for a dialog whose target endpoint was removed here after taking `taken`

@@ -60,6 +60,7 @@ class Dispatcher:
         full: list[Outbound] = []
         delays: list[tuple[str, float, int, int]] = []  # status, next attempt, attempts, row id
         local: list[int] = []
+        fresh: list[int] = []  # dialogs secured in this pass: their keys are stored first
         for ep_no, ep_rows in by_ep.items():
             ep = port.endpoint(ep_no)
             if ep is None:
@@ -84,19 +85,28 @@ class Dispatcher:
                     (why, now + limits.backoff(r.attempts), r.attempts + 1, r.id) for r in ep_rows
                 ]
                 continue
+            bundle = self._bundle(ep, ep_rows, now, fresh)
+            if isinstance(bundle, str):  # dialog security is not ready for it: it waits
+                delays += [
+                    (bundle, now + limits.backoff(r.attempts), r.attempts + 1, r.id)
+                    for r in ep_rows
+                ]
+                continue
             key = tuple(h.address for h in hops)
             out = batches.get(key)
             if out is None or len(out.rows) >= limits.batch_rows:  # several calls in flight
                 if out is not None:
                     full.append(out)
                 out = batches[key] = Outbound(hops)
-            out.bundles.append(self._bundle(ep, ep_rows))
+            out.bundles.append(bundle)
             out.rows += [r.id for r in ep_rows]
             out.seqs += [(ep_no, r.seq) for r in ep_rows]
             out.endpoints.append(ep_no)
         if delays or local:
             self._route_here(delays, local)
         outs = [*full, *batches.values()]
+        if fresh and not self._keep_sessions(fresh):
+            return []  # nothing sealed with a key that is not stored goes; all is retried
         for out in outs:
             self.inflight.update(out.rows)
             self.inflight_eps.update(out.endpoints)
@@ -116,7 +126,45 @@ class Dispatcher:
                     log.exception("%s: dialog endpoint %d could not be delivered", port.name, ep_no)
             port.transaction(lambda w: self._settle_dispatch(w, delays, []))
 
-    def _bundle(self, ep: Endpoint, rows: Sequence[TransmissionRow]) -> Bundle:
+    def _keep_sessions(self, fresh: list[int]) -> bool:
+        """Store the session keys of dialogs secured in this dispatch, before any of their
+        messages leaves (a resend after a restart must be sealed with the same key)."""
+        port = self.port
+        try:
+            port.transaction(lambda w: port.keep_sessions(w, fresh))
+        except Exception:
+            log.exception("%s: storing the session keys of %d dialogs failed; retrying",
+                          port.name, len(fresh))  # fmt: skip
+            for no in fresh:
+                port.forget_session(no)
+            return False
+        return True
+
+    def _bundle(
+        self, ep: Endpoint, rows: Sequence[TransmissionRow], now: float, fresh: list[int]
+    ) -> Bundle | str:
+        """The dialog's waiting messages as one bundle, sealed if the dialog is secured; or
+        why they wait (dialog security is not ready for them)."""
+        port = self.port
+        secured = port.outbound_security(ep, now)
+        if isinstance(secured, str):
+            return secured
+        bodies = [r.body for r in rows]
+        security = None
+        if secured is not None:
+            session, new = secured
+            offer = None
+            if ep.is_initiator and rows[0].seq == 0:  # the key offer rides with message 0
+                offer = port.key_offer(ep, now)
+                if isinstance(offer, str):
+                    if new:
+                        port.forget_session(ep.no)
+                    return offer
+            if new:
+                fresh.append(ep.no)
+            initiator = ep.is_initiator
+            bodies = [session.seal(initiator, r.seq, r.message_type, r.body) for r in rows]
+            security = [offer]
         return Bundle(
             ep.conversation_id,
             ep.service,
@@ -129,8 +177,9 @@ class Dispatcher:
             self.port.limits.hop_limit,
             [r.seq for r in rows],
             [r.message_type for r in rows],
-            [r.body for r in rows],
+            bodies,
             [r.enqueued_at for r in rows],
+            security,
         )
 
     def _settle_dispatch(self, w: Work, delays: list, local_eps: list[int]) -> None:

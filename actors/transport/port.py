@@ -16,6 +16,7 @@ from actors.model.catalog import Catalog
 from actors.model.dialogs import Endpoint
 from actors.model.limits import Limits
 from actors.model.routing import Hop, Match
+from actors.security.sessions import Session
 
 T = TypeVar("T")
 Work = Any  # the broker's unit-of-work changes; opaque to the transport
@@ -107,6 +108,31 @@ class BrokerPort(Protocol):
         ...
 
     def record_event(self, w: Work, kind: str, subject: str, detail: str) -> None: ...
+
+    # --- dialog security (actors.core.keyring) -------------------------------------------------
+
+    def outbound_security(self, ep: Endpoint, now: float) -> tuple[Session, bool] | str | None:
+        """How `ep`'s messages leave: (session, fresh) sealed, None in the clear, or why they
+        wait. A fresh session is kept (`keep_sessions`) before its messages go."""
+        ...
+
+    def key_offer(self, ep: Endpoint, now: float) -> bytes | str:
+        """An initiator's key offer for its dialog's message 0, or why it cannot be made."""
+        ...
+
+    def keep_sessions(self, w: Work, ep_nos: Sequence[int]) -> None: ...
+
+    def forget_session(self, ep_no: int) -> None: ...
+
+    def session(self, ep_no: int) -> Session | None: ...
+
+    def accept_offer(
+        self, blob: bytes, conversation_id: str, from_service: str, to_service: str, now: float
+    ) -> bytes:
+        """The session key a dialog's key offer carries; SecurityError if it is refused."""
+        ...
+
+    def keep_session(self, w: Work, ep: Endpoint, session_key: bytes) -> None: ...
 
 
 class Peers(Protocol):

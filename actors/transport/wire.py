@@ -16,11 +16,15 @@ from actors.packing import packb
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470
 MESSAGE_REFUSED = -8460
+# dialog security refused the dialog: its key offer, signer, grant or certificates (seed 003)
+SECURITY_REFUSED = -8494
 
 
 class Bundle(NamedTuple):
     """One conversation direction's messages: the dialog's header once, then its messages
-    (sequence numbers in order)."""
+    (sequence numbers in order). `security`: None, bodies in the clear; or [offer], bodies
+    sealed with the dialog's session key, `offer` its key offer (with message 0) or None
+    (actors.security.sessions). A bundle from a broker without it has one field less."""
 
     conversation_id: str
     from_service: str
@@ -35,6 +39,7 @@ class Bundle(NamedTuple):
     types: list[str]
     bodies: list[bytes]
     sent_ats: list[float]
+    security: list[bytes | None] | None = None
 
 
 class Ack(NamedTuple):
@@ -87,10 +92,17 @@ def unpack_bundles(blob: Any) -> list[Any] | str:
 def read_bundle(raw: Any) -> Bundle | str:
     """A raw bundle as a `Bundle`, or why it is malformed (then nothing of it is taken)."""
     fields = Bundle._fields
-    if not isinstance(raw, list) or len(raw) != len(fields):
+    if not isinstance(raw, list) or len(raw) not in (len(fields) - 1, len(fields)):
         return f"a bundle must be a list of {len(fields)} fields, not {_kind(raw)}"
     b = Bundle(*raw)
     try:
+        sec = b.security
+        if sec is not None and not (
+            isinstance(sec, list)
+            and len(sec) == 1
+            and (sec[0] is None or isinstance(sec[0], bytes))
+        ):
+            raise InvalidArgument(f"security must be null or [offer], not {_kind(sec)}")
         _text("conversation_id", b.conversation_id, MAX_ID)
         _text("from_broker", b.from_broker, MAX_ID)
         if b.to_broker is not None:

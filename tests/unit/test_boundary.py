@@ -193,7 +193,7 @@ def test_a_bundle_that_is_not_a_list_of_its_fields_is_refused_alone(net, pair, r
 
     assert [(a.conversation_id, a.code) for a in acks] == [("good", None)]
     [reason] = refused
-    assert "a bundle must be a list of 13 fields" in reason
+    assert "a bundle must be a list of 14 fields" in reason
     assert [m.conversation_id for m in take(b, "TargetQ")] == ["good"]
 
 

@@ -72,6 +72,7 @@ def _endpoint_row(no: int, state: str = "CONVERSING") -> tuple:
         None,
         None,
         None,
+        0,  # encryption
     )
 
 
@@ -263,7 +264,7 @@ def test_an_endpoints_sequence_numbers_and_other_columns_are_updated_apart(store
     store.update_endpoint_seqs([(7, 9, 1)])  # (send_seq, recv_seq, no)
     store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 5, 2)])
     want_1 = (*_endpoint_row(1)[:9], 7, 9, *_endpoint_row(1)[11:])
-    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0, 5)
+    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0, 5, 0)
     assert sorted(store.load_endpoints()) == [want_1, want_2]
 
 
@@ -312,7 +313,22 @@ def test_a_store_written_before_user_sent_gets_the_column_and_keeps_its_endpoint
     s.update_endpoints([(1, "DISCONNECTED_OUTBOUND", None, None, None, None, 2, 1)])
     s.close()
     s = Store(path)
-    assert s.load_endpoints()[0][-1] == 2
+    assert s.load_endpoints()[0][-2] == 2  # user_sent (the last column but encryption)
+    s.close()
+
+
+def test_a_store_written_before_dialog_security_keeps_its_dialogs_in_the_clear(path):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(1)])
+    s.db.execute("ALTER TABLE endpoints DROP COLUMN encryption")  # as the previous release has it
+    s.db.execute("DROP TABLE dialog_keys")
+    s.close()
+    s = Store(path)
+    assert s.load_endpoints() == [_endpoint_row(1)]  # encryption 0: off
+    assert s.dialog_keys() == []
+    s.put_dialog_keys([(1, b"sealed")])
+    s.delete_endpoints([1])
+    assert s.dialog_keys() == []  # a dialog's key goes with its endpoint
     s.close()
 
 

@@ -1,0 +1,263 @@
+"""Dialog security between brokers (seed 003), without Ray: in-process brokers on real stores
+with the real transport (tests/unit/test_transport.py's network). A secured dialog's messages
+cross only sealed; a forwarder carries them unread; refusals are events and typed Errors;
+nothing is lost or doubled."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from actors.calls.envelope import Begin, Send
+from actors.core import Limits
+from actors.model.catalog import ERROR
+from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
+from actors.model.dialogs import parse_error_body
+from actors.transport.wire import SECURITY_REFUSED
+from tests.fakes import FakeClock
+from tests.unit.test_transport import (
+    INIT,
+    TARGET,
+    Network,
+    kinds,
+    route,
+    take,
+)
+
+SECRET = b"order 4711: 3 x secret widget"
+
+
+@pytest.fixture
+def master(tmp_path):
+    path = tmp_path / "master.key"
+    path.write_bytes(b"the operator's master key (32 b)")
+    return Limits(master_key_file=str(path))
+
+
+def pem(core, name):
+    return core.catalog.certificates[name].certificate
+
+
+def secure(a, b, grant=True, anonymous=False):
+    """A's Init and B's Target with certificates of their own, each other's imported, B's
+    service bound on A, and SEND on Target granted to Init's certificate."""
+    if not anonymous:
+        a.create(Certificate("InitCert", owner="Init", days=30))
+        b.create(Certificate("InitCert", pem(a, "InitCert")))
+    b.create(Certificate("TargetCert", owner="Target", days=30))
+    a.create(Certificate("TargetCert", pem(b, "TargetCert")))
+    a.create(RemoteServiceBinding("ToTarget", "Target", "TargetCert", anonymous=anonymous))
+    if grant:
+        b.create(Grant("InitMaySend", "Target", "public" if anonymous else "InitCert"))
+
+
+class Wire:
+    """Every call between brokers, as it crossed: (caller, callee, blob); `tamper` changes the
+    next call's first sealed body once."""
+
+    def __init__(self, net: Network) -> None:
+        self.calls: list[tuple[str, str, bytes]] = []
+        self.tamper = False
+        wire = self
+
+        class Peers:
+            def __init__(self, caller: str) -> None:
+                self.caller = caller
+
+            async def deliver(self, broker: str, blob: bytes, timeout: float) -> bytes:
+                from actors.errors import PeerUnreachable
+
+                if broker not in net.couriers:
+                    raise PeerUnreachable.not_running(broker)
+                if wire.tamper:
+                    wire.tamper = False
+                    bundles = msgpack.unpackb(blob, raw=False)
+                    body = bytearray(bundles[0][11][0])
+                    body[-1] ^= 0x01
+                    bundles[0][11][0] = bytes(body)
+                    blob = msgpack.packb(bundles, use_bin_type=True)
+                wire.calls.append((self.caller, broker, blob))
+                return await net.couriers[broker].deliver(blob)
+
+        net.peers = Peers  # type: ignore[method-assign]
+        for name, core in net.cores.items():
+            net.couriers[name] = core.transport.courier(Peers(name))
+
+    def bundles(self) -> list[list]:
+        return [b for _, _, blob in self.calls for b in msgpack.unpackb(blob, raw=False)]
+
+
+@pytest.fixture
+def pair(tmp_path, master):
+    net = Network(FakeClock())
+    a = net.add("A", INIT, limits=master, path=str(tmp_path / "a.db"))
+    b = net.add("B", TARGET, limits=master, path=str(tmp_path / "b.db"))
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    yield net, a, b
+    net.close()
+
+
+def begin(core, *bodies, encryption=True):
+    op = Begin("Init", "Target", "C", encryption=encryption)
+    core.apply([op, Send(op.handle, "Req", list(bodies))])
+    return op.handle
+
+
+def test_a_secured_dialogs_messages_cross_sealed_and_arrive_in_order_once_both_ways(pair):
+    net, a, b = pair
+    secure(a, b)
+    wire = Wire(net)
+    h = begin(a, SECRET, b"m1")
+    a.apply([Send(h, "Req", [b"m2"])])
+    net.pump()
+    got = take(b, "TargetQ")
+    assert [m.body for m in got] == [SECRET, b"m1", b"m2"]
+    b.apply([Send(got[0].conversation_handle, "Reply", [b"the secret answer"])])
+    net.pump()
+    net.later()  # nothing more crosses: every message arrived once
+    assert [m.body for m in take(a, "InitQ")] == [b"the secret answer"]
+    bundles = wire.bundles()
+    assert bundles and all(bd[13] is not None for bd in bundles)  # every one sealed
+    assert bundles[0][13][0] is not None  # the key offer rode with message 0
+    assert all(bd[13] == [None] for bd in bundles[1:])
+    on_the_wire = b"".join(blob for _, _, blob in wire.calls)
+    assert SECRET not in on_the_wire and b"secret answer" not in on_the_wire
+
+
+def test_a_forwarder_carries_a_secured_dialog_without_a_readable_body(pair, tmp_path, master):
+    net, a, b = pair
+    f = net.add("F", limits=master, path=str(tmp_path / "f.db"), forwarding=True)
+    a.drop_route("routes", "ToTarget")
+    route(a, "routes", "ToTarget", "Target", "ray://F")
+    route(f, "instance", "FwdTarget", "Target", "ray://B")
+    route(f, "instance", "FwdInit", "Init", "ray://A", a.broker_id)
+    route(b, "routes", "ToInit2", "Init", "ray://F", a.broker_id)
+    b.drop_route("routes", "ToInit")
+    secure(a, b)
+    wire = Wire(net)
+    h = begin(a, SECRET)
+    net.pump()
+    [msg] = take(b, "TargetQ")
+    assert msg.body == SECRET and ("F", "B") in {(c, d) for c, d, _ in wire.calls}
+    b.apply([Send(msg.conversation_handle, "Reply", [b"answer " + SECRET])])
+    net.pump()
+    assert [m.body for m in take(a, "InitQ")] == [b"answer " + SECRET]
+    f.store.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("f.db*"))
+    assert raw and SECRET not in raw  # nothing of a body in the forwarder's files
+    assert h
+
+
+def test_with_encryption_on_and_no_binding_messages_wait_then_go_once_bound(pair):
+    net, a, b = pair
+    begin(a, SECRET)
+    net.pump()
+    [row] = a.transmission_view()
+    assert "no remote service binding for service 'Target'" in row["transmission_status"]
+    assert take(b, "TargetQ") == []
+    secure(a, b)
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [SECRET]
+    assert a.transmission_view() == []
+
+
+def test_with_encryption_off_a_dialog_goes_in_the_clear_unless_bound(pair):
+    net, a, b = pair
+    wire = Wire(net)
+    begin(a, SECRET, encryption=False)
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [SECRET]
+    assert SECRET in wire.calls[0][2]  # not configured: in the clear
+    secure(a, b)
+    begin(a, b"second " + SECRET, encryption=False)
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [b"second " + SECRET]
+    assert b"second " + SECRET not in wire.calls[-1][2]  # configured: sealed
+
+
+def test_without_the_grant_the_dialog_is_refused_with_a_typed_error_and_an_event(pair):
+    net, a, b = pair
+    secure(a, b, grant=False)
+    begin(a, SECRET)
+    net.pump()
+    assert take(b, "TargetQ") == [] and b.endpoints_view() == []
+    [err] = take(a, "InitQ")
+    assert err.message_type == ERROR
+    code, why = parse_error_body(err.body)
+    assert code == SECURITY_REFUSED and "'InitCert' is not granted SEND" in why
+    assert "SecurityRefused" in kinds(b)
+    b.create(Grant("InitMaySend", "Target", "InitCert"))  # a new dialog now goes
+    begin(a, b"next")
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [b"next"]
+
+
+def test_a_body_changed_in_flight_is_refused_and_the_original_resend_delivered_once(pair):
+    net, a, b = pair
+    secure(a, b)
+    wire = Wire(net)
+    wire.tamper = True
+    begin(a, SECRET, b"m1")
+    net.pump()
+    assert take(b, "TargetQ") == []  # nothing of the changed bundle was taken
+    assert any(k == "SecurityRefused" for k in kinds(b))
+    net.later()  # the sender's retransmission of the original
+    assert [m.body for m in take(b, "TargetQ")] == [SECRET, b"m1"]
+    net.later()
+    assert take(b, "TargetQ") == []
+
+
+def test_a_replayed_bundle_delivers_nothing_twice_and_a_moved_body_is_refused(pair):
+    net, a, b = pair
+    secure(a, b)
+    wire = Wire(net)
+    h = begin(a, SECRET)
+    a.apply([Send(h, "Req", [b"m1"])])
+    net.pump()
+    assert len(take(b, "TargetQ")) == 2
+    first = wire.calls[0][2]
+    net.deliver("A", "B", first)  # the same bundle again
+    assert take(b, "TargetQ") == []
+    # message 0's sealed body put in place of a later message: it does not verify there
+    a.apply([Send(h, "Req", [b"m2"])])
+    [out] = a.transport.dispatch()
+    moved = msgpack.unpackb(out.blob(), raw=False)
+    moved[0][11][0] = msgpack.unpackb(first, raw=False)[0][11][0]
+    net.deliver("A", "B", msgpack.packb(moved, use_bin_type=True))
+    assert take(b, "TargetQ") == []
+    a.transport.release(out)
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m2"]
+
+
+def test_a_restarted_initiator_seals_with_the_key_it_stored(pair, tmp_path, master):
+    net, a, b = pair
+    secure(a, b)
+    h = begin(a, SECRET)
+    net.pump()
+    a = net.restart("A", str(tmp_path / "a.db"), master)
+    a.apply([Send(h, "Req", [b"after the restart"])])
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [SECRET, b"after the restart"]
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("a.db*"))
+    assert b"BEGIN PRIVATE KEY" not in raw
+
+
+def test_an_expired_target_certificate_holds_new_dialogs_with_a_status(pair):
+    net, a, b = pair
+    secure(a, b)
+    net.clock.advance(31 * 86400)
+    begin(a, SECRET)
+    net.pump()
+    [row] = a.transmission_view()
+    status = row["transmission_status"]
+    assert "expired" in status and "binding 'ToTarget'" in status
+
+
+def test_an_anonymous_binding_needs_no_initiator_certificate(pair):
+    net, a, b = pair
+    secure(a, b, anonymous=True)
+    begin(a, SECRET)
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [SECRET]
