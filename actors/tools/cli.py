@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,11 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.secure:
+        if args.scenario != "remote":
+            print("raybroker bench: --secure is for the remote scenario", file=sys.stderr)
+            return 2
+        scenarios["remote"] = functools.partial(scenarios["remote"], secure=True)
     from actors.errors import InvalidArgument
     from actors.tools.bench.report import Load
 
@@ -101,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bench.add_argument(
         "--repeats", type=int, default=3, help="measured runs after a warm-up (default 3)"
+    )
+    bench.add_argument(
+        "--secure",
+        action="store_true",
+        help="remote: also measure secured dialogs (dialog security) beside unsecured ones",
     )
     bench.set_defaults(fn=_bench)
     from actors.tools.verify.command import add_arguments as verify_arguments  # argparse only

@@ -4,6 +4,9 @@ between them, each beside the same figure on a single broker measured in the sam
 Throughput: N messages over K dialogs from broker A to a service on broker B, sent in batches,
 received by conversation group on B and committed (send and receive concurrent). Latency: a
 request on an Echo dialog from A to B, answered by B's broker itself, received back on A.
+With `secure` (`--secure`), the same throughput again on secured dialogs (seed 003: a session
+key per dialog, every message sealed on A and opened on B), beside the unsecured figure, and
+what sealing and opening one message costs.
 """
 
 from __future__ import annotations
@@ -15,31 +18,52 @@ import time
 import uuid
 from dataclasses import asdict
 
-from actors import Begin, Queue, Service, start_broker
+from actors import Begin, Certificate, Grant, Queue, RemoteServiceBinding, Service, start_broker
 from actors.remote.client import Broker
 from actors.remote.runtime import ensure_ray
 from actors.tools.bench.local import receive_all, send_all
 from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row, percentile
 
 
-def run(load: Load = DEFAULT_LOAD, round_trips: int = 300, progress: Progress = print) -> Report:
+def run(
+    load: Load = DEFAULT_LOAD,
+    round_trips: int = 300,
+    progress: Progress = print,
+    secure: bool = False,
+) -> Report:
     messages, dialogs, batch = load.messages, load.dialogs, load.batch
-    report = Report("remote", {**asdict(load), "round_trips": round_trips})
+    report = Report("remote", {**asdict(load), "round_trips": round_trips, "secure": secure})
     ensure_ray()
     body = os.urandom(100)
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp:
         tag = uuid.uuid4().hex[:6]
-        a = start_broker(f"bench-A-{tag}", os.path.join(tmp, "a.sqlite"))
-        b = start_broker(f"bench-B-{tag}", os.path.join(tmp, "b.sqlite"))
+        master = os.path.join(tmp, "master.key")
+        with open(master, "w") as f:
+            f.write(os.urandom(32).hex())
+        limits = {"master_key_file": master}
+        a = start_broker(f"bench-A-{tag}", os.path.join(tmp, "a.sqlite"), limits=limits)
+        b = start_broker(f"bench-B-{tag}", os.path.join(tmp, "b.sqlite"), limits=limits)
         try:
             for broker in (a, b):
                 _define(broker)
             a.create_route("ToB", "Remote", address=f"ray://{b.name}")
+            a.create_route("SecuredOnB", "Secured", address=f"ray://{b.name}")
             a.create_route("EchoOnB", "RemoteEcho", address=f"ray://{b.name}")
             b.create_route("ToA", "Init", address=f"ray://{a.name}")
 
             progress(f"two brokers: {messages:,} messages A -> B, received and committed on B")
             remote = _throughput(a, b, "Remote", messages, dialogs, batch, body)
+            if secure:
+                _secure(a, b)
+                progress(f"two brokers, secured dialogs: {messages:,} messages A -> B")
+                secured = _throughput(a, b, "Secured", messages, dialogs, batch, body, True)
+                report.rows.append(Row(
+                    "raybroker",
+                    "two brokers, secured dialogs: send A, receive+commit B",
+                    secured,
+                    notes=f"{secured / remote:.2f}x unsecured; sealing and opening a "
+                    f"{len(body)}-byte message {_crypto_us(body):.1f} us of CPU",
+                ))  # fmt: skip
             progress(f"one broker: {messages:,} messages, same batches")
             local = _throughput(a, a, "Local", messages, dialogs, batch, body)
             progress(f"request-reply: {round_trips} round trips, across brokers and on one")
@@ -48,7 +72,7 @@ def run(load: Load = DEFAULT_LOAD, round_trips: int = 300, progress: Progress = 
         finally:
             for broker in (a, b):
                 broker.stop()
-    report.rows += [
+    report.rows[:0] = [
         Row(
             "raybroker",
             "two brokers: send A, receive+commit B",
@@ -85,12 +109,50 @@ def _define(b: Broker) -> None:
     b.create(Service("Remote", "WorkQueue", ["DEFAULT"]))
     b.create(Service("LocalEcho", "EchoQueue", ["Echo"]))
     b.create(Service("RemoteEcho", "EchoQueue", ["Echo"]))
+    b.create(Service("Secured", "WorkQueue", ["DEFAULT"]))
+
+
+def _secure(a: Broker, b: Broker) -> None:
+    """Dialog security from A's Init to B's Secured: each side's certificate made on its
+    broker, the other's imported, Secured bound on A and SEND on it granted on B."""
+    a.create(Certificate("InitCert", owner="Init", days=1))
+    b.create(Certificate("SecuredCert", owner="Secured", days=1))
+    a.create(Certificate("SecuredCert", _pem(b, "SecuredCert")))
+    b.create(Certificate("InitCert", _pem(a, "InitCert")))
+    a.create(RemoteServiceBinding("ToSecured", "Secured", "SecuredCert"))
+    b.create(Grant("InitMaySend", "Secured", "InitCert"))
+
+
+def _pem(b: Broker, name: str) -> str:
+    [pem] = [r["certificate"] for k, r in b.definitions()
+             if k == "certificate" and r["name"] == name]  # fmt: skip
+    return pem
+
+
+def _crypto_us(body: bytes, n: int = 20_000) -> float:
+    """CPU microseconds to seal one message on one side and open it on the other."""
+    from actors.security.sessions import Session, new_session_key
+
+    key = new_session_key()
+    sender, receiver = Session(key, "bench"), Session(key, "bench")
+    started = time.process_time()
+    for seq in range(n):
+        receiver.open(True, seq, "DEFAULT", sender.seal(True, seq, "DEFAULT", body))
+    return (time.process_time() - started) / n * 1e6
 
 
 def _throughput(
-    a: Broker, b: Broker, service: str, messages: int, dialogs: int, batch: int, body: bytes
+    a: Broker,
+    b: Broker,
+    service: str,
+    messages: int,
+    dialogs: int,
+    batch: int,
+    body: bytes,
+    encryption: bool = False,
 ) -> float:
-    handles = a.apply([Begin("Init", service) for _ in range(dialogs)])["handles"]
+    begins = [Begin("Init", service, encryption=encryption) for _ in range(dialogs)]
+    handles = a.apply(begins)["handles"]
 
     async def both() -> None:
         await asyncio.gather(
