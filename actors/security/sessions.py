@@ -13,7 +13,8 @@ moved into another dialog. Every primitive is the `cryptography` package's. Plai
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import struct
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import msgpack
@@ -142,35 +143,73 @@ def accept(
     return Accepted(session_key, signer)
 
 
-class Session:
-    """One dialog's sealing and opening of bodies."""
+_NONCE = struct.Struct(">cQ3x")  # direction, sequence number: 12 bytes, once per key each
 
-    __slots__ = ("aead", "conversation_id")
+
+class Session:
+    """One dialog's sealing and opening of bodies. The nonce is the direction and the sequence
+    number; the authenticated data the dialog, the direction and the message type."""
+
+    __slots__ = ("aead", "conversation_id", "_aad")
 
     def __init__(self, session_key: bytes, conversation_id: str) -> None:
         self.aead = ChaCha20Poly1305(session_key)
         self.conversation_id = conversation_id
-
-    def _nonce_aad(self, from_initiator: bool, seq: int, message_type: str) -> tuple[bytes, bytes]:
-        direction = b"i" if from_initiator else b"t"
-        nonce = direction + seq.to_bytes(8, "big") + b"\0\0\0"
-        aad = b"\0".join((self.conversation_id.encode(), direction, message_type.encode()))
-        return nonce, aad
+        cid = conversation_id.encode()
+        self._aad = {True: cid + b"\0i\0", False: cid + b"\0t\0"}  # + the message type
 
     def seal(self, from_initiator: bool, seq: int, message_type: str, body: bytes) -> bytes:
-        nonce, aad = self._nonce_aad(from_initiator, seq, message_type)
-        return self.aead.encrypt(nonce, body, aad)
+        return self.seal_all(from_initiator, [seq], [message_type], [body])[0]
+
+    def seal_all(
+        self,
+        from_initiator: bool,
+        seqs: Sequence[int],
+        types: Sequence[str],
+        bodies: Sequence[bytes],
+    ) -> list[bytes]:
+        """Messages of one direction, sealed (one call per bundle: the loop stays in here)."""
+        direction, aad, encrypt = (
+            b"i" if from_initiator else b"t",
+            self._aad[from_initiator],
+            self.aead.encrypt,
+        )
+        pack = _NONCE.pack
+        return [encrypt(pack(direction, s), b, aad + t.encode())
+                for s, t, b in zip(seqs, types, bodies, strict=True)]  # fmt: skip
 
     def open(self, from_initiator: bool, seq: int, message_type: str, sealed: bytes) -> bytes:
         """The body; SecurityError if it was changed, or belongs elsewhere in any dialog."""
-        nonce, aad = self._nonce_aad(from_initiator, seq, message_type)
-        try:
-            return self.aead.decrypt(nonce, sealed, aad)
-        except (InvalidTag, ValueError):
+        opened = self.open_all(from_initiator, [seq], [message_type], [sealed])
+        if not opened:
             raise SecurityError(
                 f"conversation {self.conversation_id}: message {seq} does not verify (changed "
                 "in flight, or not of this dialog at this place)"
-            ) from None
+            )
+        return opened[0]
+
+    def open_all(
+        self,
+        from_initiator: bool,
+        seqs: Sequence[int],
+        types: Sequence[str],
+        sealed: Sequence[bytes],
+    ) -> list[bytes]:
+        """The bodies, opened in order up to the first that does not verify (fewer than given
+        then: that one and those after it are not returned)."""
+        direction, aad, decrypt = (
+            b"i" if from_initiator else b"t",
+            self._aad[from_initiator],
+            self.aead.decrypt,
+        )
+        pack = _NONCE.pack
+        out: list[bytes] = []
+        try:
+            for s, t, b in zip(seqs, types, sealed, strict=True):
+                out.append(decrypt(pack(direction, s), b, aad + t.encode()))
+        except (InvalidTag, ValueError, TypeError, struct.error):
+            pass
+        return out
 
 
 # --- session keys at rest ------------------------------------------------------------------

@@ -303,13 +303,10 @@ class Receiver:
         if bd.security is None:
             why = "came in the clear on a secured dialog"
         else:
-            seqs, types, bodies = bd.seqs, bd.types, bd.bodies
-            for i in range(start, len(seqs)):
-                try:
-                    opened.append(session.open(bd.from_initiator, seqs[i], types[i], bodies[i]))
-                except SecurityError:
-                    why = "does not verify (changed in flight, or not of this dialog here)"
-                    break
+            seqs, types, bodies = bd.seqs[start:], bd.types[start:], bd.bodies[start:]
+            opened = session.open_all(bd.from_initiator, seqs, types, bodies)
+            if len(opened) < len(seqs):
+                why = "does not verify (changed in flight, or not of this dialog here)"
         if why:
             at = bd.seqs[start + len(opened)] if start + len(opened) < len(bd.seqs) else "?"
             port.record_event(w, "SecurityRefused", ep.service,

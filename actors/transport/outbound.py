@@ -162,8 +162,8 @@ class Dispatcher:
                     return offer
             if new:
                 fresh.append(ep.no)
-            initiator = ep.is_initiator
-            bodies = [session.seal(initiator, r.seq, r.message_type, r.body) for r in rows]
+            seqs, types = [r.seq for r in rows], [r.message_type for r in rows]
+            bodies = session.seal_all(ep.is_initiator, seqs, types, bodies)
             security = [offer]
         return Bundle(
             ep.conversation_id,
