@@ -303,15 +303,16 @@ class Receiver:
         if bd.security is None:
             why = "came in the clear on a secured dialog"
         else:
-            seqs, types, bodies = bd.seqs[start:], bd.types[start:], bd.bodies[start:]
-            opened = session.open_all(bd.from_initiator, seqs, types, bodies)
-            if len(opened) < len(seqs):
+            try:
+                opened = session.open(bd.from_initiator, bd.seqs, bd.types, bd.security[1])
+                opened = opened[start:]
+            except SecurityError:
                 why = "does not verify (changed in flight, or not of this dialog here)"
         if why:
-            at = bd.seqs[start + len(opened)] if start + len(opened) < len(bd.seqs) else "?"
             port.record_event(w, "SecurityRefused", ep.service,
-                              f"conversation {bd.conversation_id}: message {at} from broker "
-                              f"{bd.from_broker} {why}; not delivered")  # fmt: skip
+                              f"conversation {bd.conversation_id}: messages {bd.seqs[0]} to "
+                              f"{bd.seqs[-1]} from broker {bd.from_broker} {why}; not "
+                              "delivered")  # fmt: skip
         return opened
 
     def _after_end(self, bd: Bundle, taken: int) -> list[Ack]:

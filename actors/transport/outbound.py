@@ -163,8 +163,8 @@ class Dispatcher:
             if new:
                 fresh.append(ep.no)
             seqs, types = [r.seq for r in rows], [r.message_type for r in rows]
-            bodies = session.seal_all(ep.is_initiator, seqs, types, bodies)
-            security = [offer]
+            security = [offer, session.seal(ep.is_initiator, seqs, types, bodies)]
+            bodies = [b""] * len(rows)  # they travel sealed, in `security`
         return Bundle(
             ep.conversation_id,
             ep.service,

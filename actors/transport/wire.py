@@ -22,9 +22,10 @@ SECURITY_REFUSED = -8494
 
 class Bundle(NamedTuple):
     """One conversation direction's messages: the dialog's header once, then its messages
-    (sequence numbers in order). `security`: None, bodies in the clear; or [offer], bodies
-    sealed with the dialog's session key, `offer` its key offer (with message 0) or None
-    (actors.security.sessions). A bundle from a broker without it has one field less."""
+    (sequence numbers in order). `security`: None, bodies in the clear; or [offer, sealed]:
+    the bodies sealed together with the dialog's session key (`bodies` then holds empty
+    placeholders), `offer` its key offer (with message 0) or None (actors.security.sessions).
+    A bundle from a broker without dialog security has one field less."""
 
     conversation_id: str
     from_service: str
@@ -39,7 +40,7 @@ class Bundle(NamedTuple):
     types: list[str]
     bodies: list[bytes]
     sent_ats: list[float]
-    security: list[bytes | None] | None = None
+    security: list[bytes | None] | None = None  # [offer or None, sealed bodies]
 
 
 class Ack(NamedTuple):
@@ -99,10 +100,11 @@ def read_bundle(raw: Any) -> Bundle | str:
         sec = b.security
         if sec is not None and not (
             isinstance(sec, list)
-            and len(sec) == 1
+            and len(sec) == 2
             and (sec[0] is None or isinstance(sec[0], bytes))
+            and isinstance(sec[1], bytes)
         ):
-            raise InvalidArgument(f"security must be null or [offer], not {_kind(sec)}")
+            raise InvalidArgument(f"security must be null or [offer, sealed], not {_kind(sec)}")
         _text("conversation_id", b.conversation_id, MAX_ID)
         _text("from_broker", b.from_broker, MAX_ID)
         if b.to_broker is not None:

@@ -72,9 +72,9 @@ class Wire:
                 if wire.tamper:
                     wire.tamper = False
                     bundles = msgpack.unpackb(blob, raw=False)
-                    body = bytearray(bundles[0][11][0])
-                    body[-1] ^= 0x01
-                    bundles[0][11][0] = bytes(body)
+                    sealed = bytearray(bundles[0][13][1])
+                    sealed[-1] ^= 0x01
+                    bundles[0][13][1] = bytes(sealed)
                     blob = msgpack.packb(bundles, use_bin_type=True)
                 wire.calls.append((self.caller, broker, blob))
                 return await net.couriers[broker].deliver(blob)
@@ -120,7 +120,8 @@ def test_a_secured_dialogs_messages_cross_sealed_and_arrive_in_order_once_both_w
     bundles = wire.bundles()
     assert bundles and all(bd[13] is not None for bd in bundles)  # every one sealed
     assert bundles[0][13][0] is not None  # the key offer rode with message 0
-    assert all(bd[13] == [None] for bd in bundles[1:])
+    assert all(bd[13][0] is None for bd in bundles[1:])
+    assert all(set(bd[11]) == {b""} for bd in bundles)  # bodies travel only sealed
     on_the_wire = b"".join(blob for _, _, blob in wire.calls)
     assert SECRET not in on_the_wire and b"secret answer" not in on_the_wire
 
@@ -219,11 +220,11 @@ def test_a_replayed_bundle_delivers_nothing_twice_and_a_moved_body_is_refused(pa
     first = wire.calls[0][2]
     net.deliver("A", "B", first)  # the same bundle again
     assert take(b, "TargetQ") == []
-    # message 0's sealed body put in place of a later message: it does not verify there
+    # the first bundle's sealed bodies put in place of a later message's: they do not verify
     a.apply([Send(h, "Req", [b"m2"])])
     [out] = a.transport.dispatch()
     moved = msgpack.unpackb(out.blob(), raw=False)
-    moved[0][11][0] = msgpack.unpackb(first, raw=False)[0][11][0]
+    moved[0][13][1] = msgpack.unpackb(first, raw=False)[0][13][1]
     net.deliver("A", "B", msgpack.packb(moved, use_bin_type=True))
     assert take(b, "TargetQ") == []
     a.transport.release(out)

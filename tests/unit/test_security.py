@@ -20,6 +20,8 @@ from actors.security.sessions import (
     accept,
     new_session_key,
     offer,
+    unwrap_key,
+    wrap_key,
 )
 
 NOW = time.time()
@@ -223,34 +225,53 @@ def test_an_offer_whose_wrapped_key_was_changed_is_refused(target, initiator):
 # --- sealed messages -----------------------------------------------------------------------
 
 
-def test_a_sealed_body_opens_only_at_its_own_place_in_its_own_dialog():
+def test_sealed_bodies_open_only_at_their_own_places_in_their_own_dialog():
     key = new_session_key()
     s = Session(key, "conv-1")
-    sealed = s.seal(True, 7, "Order", b"secret order")
-    assert b"secret order" not in sealed
-    assert Session(key, "conv-1").open(True, 7, "Order", sealed) == b"secret order"
+    bodies = [b"secret order", b"second line"]
+    sealed = s.seal(True, [7, 8], ["Order", "Order"], bodies)
+    assert b"secret order" not in sealed and b"second line" not in sealed
+    assert Session(key, "conv-1").open(True, [7, 8], ["Order", "Order"], sealed) == bodies
     for where in [
-        (True, 8, "Order"),  # replayed at another sequence number
-        (False, 7, "Order"),  # reflected to the other direction
-        (True, 7, "Invoice"),  # relabelled as another message type
+        (True, [8, 9], ["Order", "Order"]),  # replayed at other sequence numbers
+        (True, [7], ["Order"]),  # a message cut off
+        (False, [7, 8], ["Order", "Order"]),  # reflected to the other direction
+        (True, [7, 8], ["Order", "Invoice"]),  # relabelled as another message type
     ]:
-        with pytest.raises(SecurityError, match="does not verify"):
+        with pytest.raises(SecurityError, match="do not verify"):
             s.open(*where, sealed)
-    with pytest.raises(SecurityError, match="does not verify"):
-        Session(key, "conv-2").open(True, 7, "Order", sealed)  # spliced into another dialog
-    with pytest.raises(SecurityError, match="does not verify"):
-        Session(new_session_key(), "conv-1").open(True, 7, "Order", sealed)
+    with pytest.raises(SecurityError, match="do not verify"):
+        Session(key, "conv-2").open(True, [7, 8], ["Order"] * 2, sealed)  # another dialog
+    with pytest.raises(SecurityError, match="do not verify"):
+        Session(new_session_key(), "conv-1").open(True, [7, 8], ["Order"] * 2, sealed)
+    # sealed twice, the same bodies look different (a fresh nonce per bundle)
+    assert s.seal(True, [7, 8], ["Order"] * 2, bodies) != sealed
 
 
-@given(body=st.binary(max_size=300), seq=st.integers(0, 2**63 - 1), flip=st.integers(0, 10_000))
-def test_any_body_round_trips_and_any_flipped_bit_is_caught(body, seq, flip):
+@given(
+    bodies=st.lists(st.binary(max_size=200), min_size=1, max_size=5),
+    first=st.integers(0, 2**62),
+    flip=st.integers(0, 100_000),
+)
+def test_any_bodies_round_trip_and_any_flipped_bit_is_caught(bodies, first, flip):
     s = Session(b"k" * 32, "conv")
-    sealed = s.seal(False, seq, "T", body)
-    assert s.open(False, seq, "T", sealed) == body
+    seqs, types = list(range(first, first + len(bodies))), ["T"] * len(bodies)
+    sealed = s.seal(False, seqs, types, bodies)
+    assert s.open(False, seqs, types, sealed) == bodies
     changed = bytearray(sealed)
     changed[flip % len(changed)] ^= 1 << (flip % 8)
     with pytest.raises(SecurityError):
-        s.open(False, seq, "T", bytes(changed))
+        s.open(False, seqs, types, bytes(changed))
+
+
+def test_a_session_key_is_kept_sealed_for_its_own_endpoint():
+    key = new_session_key()
+    wrapped = wrap_key(key, MASTER, 5)
+    assert key not in wrapped and unwrap_key(wrapped, MASTER, 5) == key
+    with pytest.raises(SecurityError, match="does not open with this master key"):
+        unwrap_key(wrapped, MASTER, 6)  # moved to another endpoint's row
+    with pytest.raises(SecurityError, match="does not open with this master key"):
+        unwrap_key(wrapped, b"another master key, 32 bytes...", 5)
 
 
 def test_rsa_keys_of_the_default_size_are_made():
