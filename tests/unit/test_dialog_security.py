@@ -13,6 +13,7 @@ from actors.core import Limits
 from actors.model.catalog import ERROR
 from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
 from actors.model.dialogs import parse_error_body
+from actors.security import certificates
 from actors.transport.wire import SECURITY_REFUSED
 from tests.fakes import FakeClock
 from tests.unit.test_transport import (
@@ -262,3 +263,46 @@ def test_an_anonymous_binding_needs_no_initiator_certificate(pair):
     begin(a, SECRET)
     net.pump()
     assert [m.body for m in take(b, "TargetQ")] == [SECRET]
+
+
+def test_a_rotated_certificate_serves_new_dialogs_while_secured_ones_continue(pair):
+    net, a, b = pair
+    secure(a, b)
+    wire = Wire(net)
+    old = begin(a, b"old 0")
+    net.pump()
+    # the target's successor certificate beside the old one; the initiator rebinds to it
+    b.create(Certificate("TargetCert2", owner="Target", days=60))
+    a.create(Certificate("TargetCert2", pem(b, "TargetCert2")))
+    a.alter("remote_service_binding", "ToTarget", {"certificate": "TargetCert2"})
+    new = begin(a, b"new 0")
+    a.apply([Send(old, "Req", [b"old 1"])])
+    net.pump()
+    net.later()
+    got = take(b, "TargetQ")
+    by_dialog = {}
+    for m in got:
+        by_dialog.setdefault(m.conversation_id, []).append(m.body)
+    assert sorted(by_dialog.values()) == [[b"new 0"], [b"old 0", b"old 1"]]
+    # each dialog's key offer named the certificate bound when it began
+    offered = [msgpack.unpackb(bd[13][0])[1] for bd in wire.bundles() if bd[13][0] is not None]
+    fingerprint = {
+        n: certificates.read(pem(b, n)).fingerprint for n in ("TargetCert", "TargetCert2")
+    }
+    assert offered == [fingerprint["TargetCert"], fingerprint["TargetCert2"]]
+    assert new in {e["conversation_handle"] for e in a.endpoints_view()}
+
+
+def test_an_initiator_whose_certificate_expired_cannot_sign_and_its_dialog_waits(pair):
+    net, a, b = pair
+    secure(a, b)
+    # the target's own certificate is renewed for longer; the initiator's is left to expire
+    b.create(Certificate("TargetCert2", owner="Target", days=90))
+    a.create(Certificate("TargetCert2", pem(b, "TargetCert2")))
+    a.alter("remote_service_binding", "ToTarget", {"certificate": "TargetCert2"})
+    net.clock.advance(31 * 86400)
+    begin(a, SECRET)
+    net.pump()
+    [row] = a.transmission_view()  # the initiator cannot sign: it waits, saying why
+    assert "cannot sign" in row["transmission_status"] and "expired" in row["transmission_status"]
+    assert b.endpoints_view() == []
