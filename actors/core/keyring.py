@@ -106,11 +106,17 @@ class Keyring:
         newest = max(valid, key=lambda c: self.info(c).not_before)
         return Signer(self.info(newest).fingerprint, self._private(newest))
 
-    def binding(self, service: str) -> RemoteServiceBinding | None:
+    def binding(self, ep: Endpoint) -> RemoteServiceBinding | None:
+        """The binding of `ep`'s far service: the one for the broker its dialog is bound to, if
+        there is one, else the one for any broker."""
+        found = None
         for b in self.catalog.remote_service_bindings.values():
-            if b.service == service:
-                return b
-        return None
+            if b.service == ep.far_service:
+                if b.broker_instance is not None and b.broker_instance == ep.far_broker:
+                    return b
+                if b.broker_instance is None:
+                    found = b
+        return found
 
     # --- dialogs -----------------------------------------------------------------------------
 
@@ -124,7 +130,7 @@ class Keyring:
             return known[0], False
         if not ep.is_initiator:
             return None
-        binding = self.binding(ep.far_service)
+        binding = self.binding(ep)
         if binding is None:
             if not ep.encryption:
                 return None
@@ -146,7 +152,7 @@ class Keyring:
         """The key offer of an initiator's secured dialog (it rides with message 0), or why it
         cannot be made now."""
         _, key = self.sessions[ep.no]
-        binding = self.binding(ep.far_service)
+        binding = self.binding(ep)
         if binding is None:
             return (
                 f"the key offer of conversation {ep.conversation_id} needs the remote service "

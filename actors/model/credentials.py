@@ -4,12 +4,20 @@ grants of SEND on a service. Created, altered and dropped like the other definit
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from actors.errors import InvalidDefinition, UnknownCertificate, UnknownService, shown
+from actors.errors import (
+    InvalidArgument,
+    InvalidDefinition,
+    UnknownCertificate,
+    UnknownService,
+    shown,
+)
 from actors.model.names import check_name
+from actors.model.routing import check_broker_id
 from actors.security import certificates
 from actors.security.sessions import ANONYMOUS
 
@@ -37,12 +45,20 @@ class Certificate:
 class RemoteServiceBinding:
     """The certificate that identifies far service `service`: dialogs to it are secured with a
     session key only its private key opens. `anonymous`: the initiator does not sign (the target
-    grants SEND to "public")."""
+    grants SEND to "public"). `broker_instance`: for dialogs bound to that broker only (a service
+    several brokers host, each with its own certificate: load balancing, router replicas); a
+    binding without one serves the rest."""
 
     name: str
     service: str
     certificate: str
     anonymous: bool = False
+    broker_instance: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.broker_instance is not None:  # one form, as routes hold it; a bad one is refused
+            with contextlib.suppress(InvalidArgument):
+                object.__setattr__(self, "broker_instance", check_broker_id(self.broker_instance))
 
 
 @dataclass(frozen=True)
@@ -72,11 +88,19 @@ def check_credential(defn: Credential, catalog: Any) -> None:
         _known_certificate(catalog, defn.certificate, f"binding {defn.name!r}")
         if not isinstance(defn.anonymous, bool):
             raise InvalidDefinition(f"binding {defn.name!r}: anonymous must be True or False")
+        if defn.broker_instance is not None:
+            try:
+                check_broker_id(defn.broker_instance)
+            except InvalidArgument as exc:
+                raise InvalidDefinition(f"binding {defn.name!r}: {exc}") from None
         for other in catalog.remote_service_bindings.values():
-            if other.service == defn.service and other.name != defn.name:
+            if (other.service, other.broker_instance) == (defn.service, defn.broker_instance) and (
+                other.name != defn.name
+            ):
+                on = f" on broker {defn.broker_instance}" if defn.broker_instance else ""
                 raise InvalidDefinition(
-                    f"service {defn.service!r} is already bound by {other.name!r}; alter that "
-                    "binding (to a new certificate, say) or drop it first"
+                    f"service {defn.service!r}{on} is already bound by {other.name!r}; alter "
+                    "that binding (to a new certificate, say) or drop it first"
                 )
     elif isinstance(defn, Grant):
         if not isinstance(defn.service, str) or defn.service not in catalog.services:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from actors.errors import AlreadyExists, InvalidArgument, InvalidDefinition, UnknownRoute
-from actors.model.catalog import check_name
+from actors.model.names import check_name
 
 LOCAL = "LOCAL"
 TRANSPORT = "TRANSPORT"

@@ -10,6 +10,7 @@ import pytest
 
 from actors.calls.envelope import Begin, Send
 from actors.core import Limits
+from actors.errors import InvalidDefinition
 from actors.model.catalog import ERROR
 from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
 from actors.model.dialogs import parse_error_body
@@ -306,3 +307,34 @@ def test_an_initiator_whose_certificate_expired_cannot_sign_and_its_dialog_waits
     [row] = a.transmission_view()  # the initiator cannot sign: it waits, saying why
     assert "cannot sign" in row["transmission_status"] and "expired" in row["transmission_status"]
     assert b.endpoints_view() == []
+
+
+def test_a_service_on_two_brokers_is_bound_per_broker_and_each_opens_its_own(tmp_path, master):
+    """Load balancing: Target on B1 and B2, each with its own certificate; A binds each one to
+    its broker, and dialogs pinned to either arrive sealed and open there."""
+    net = Network(FakeClock())
+    a = net.add("A", INIT, limits=master, path=str(tmp_path / "a.db"))
+    targets = [net.add(n, TARGET, limits=master, path=str(tmp_path / f"{n}.db"))
+               for n in ("B1", "B2")]  # fmt: skip
+    a.create(Certificate("InitCert", owner="Init", days=30))
+    for t in targets:
+        route(a, "routes", f"To{t.name}", "Target", f"ray://{t.name}", t.broker_id)
+        route(t, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+        t.create(Certificate("TargetCert", owner="Target", days=30))
+        t.create(Certificate("InitCert", pem(a, "InitCert")))
+        t.create(Grant("InitMaySend", "Target", "InitCert"))
+        a.create(Certificate(f"TargetOn{t.name}", pem(t, "TargetCert")))
+        a.create(RemoteServiceBinding(f"Bind{t.name}", "Target", f"TargetOn{t.name}",
+                                      broker_instance=t.broker_id.upper()))  # fmt: skip
+    with pytest.raises(InvalidDefinition, match="already bound by 'BindB1'"):
+        a.create(RemoteServiceBinding("Again", "Target", "TargetOnB2",
+                                      broker_instance=targets[0].broker_id))  # fmt: skip
+    wire = Wire(net)
+    for i in range(6):
+        begin(a, f"order {i}".encode())
+    net.pump()
+    got = [sorted(m.body for m in take(t, "TargetQ")) for t in targets]
+    assert [len(g) for g in got] == [3, 3]
+    assert sorted(got[0] + got[1]) == [f"order {i}".encode() for i in range(6)]
+    assert all(bd[13] is not None for bd in wire.bundles())
+    net.close()
