@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 
 def endpoints(state: BrokerState) -> list[dict[str, Any]]:
-    """sys.conversation_endpoints."""
+    """sys.conversation_endpoints. `encryption`: begun with ENCRYPTION on; `secured`: the
+    dialog has a session key here (its messages cross between brokers sealed)."""
+    sessions = state.keyring.sessions
     return [
         {
             "conversation_handle": ep.handle,
@@ -30,6 +32,8 @@ def endpoints(state: BrokerState) -> list[dict[str, Any]]:
             "receive_sequence": ep.recv_seq,
             "lifetime_expires_at": ep.expires_at,
             "timer_due_at": ep.timer_at,
+            "encryption": ep.encryption,
+            "secured": ep.no in sessions,
         }
         for ep in state.endpoints.values()
     ]

@@ -167,6 +167,8 @@ def from_record(kind: str, rec: Mapping[str, Any]) -> Definition:
     rec = dict(rec)
     if cls is Service and isinstance(rec.get("contracts"), list | tuple):
         rec["contracts"] = tuple(rec["contracts"])
+    if cls is Certificate:  # as views show it (actors.model.credentials.shown_record)
+        rec.pop("has_private_key", None)
     try:
         if cls is Queue and isinstance(rec.get("activation"), Mapping):
             rec["activation"] = Activation(**rec["activation"])

@@ -28,8 +28,10 @@ from actors.model.catalog import (
     Service,
     from_record,
 )
+from actors.model.credentials import Certificate
 from actors.remote.client import Broker
 from actors.remote.factory import start_broker
+from actors.remote.trust import ensure, secure_dialogs
 
 HANDLER = ROUTER_HANDLER
 ROUTER_QUEUE = "RouterQueue"
@@ -45,7 +47,12 @@ class RouterSet:
     `contracts`: the contracts the routing service accepts; by default the union of the targets'
     contracts (seed 000's first assumption). Given explicitly, they must cover that union.
     `code_modules`: where the classifier may be, beside the package's own (the replicas' limit
-    code_modules, actors.model.code_names)."""
+    code_modules, actors.model.code_names). `master_key_file`: the replicas' master key; with it
+    the dialogs through the set are secured both ways (seed 003): each replica makes a
+    certificate of its own for the routing service, and trusts and is trusted by every
+    initiator's services and every target service (each of which needs a certificate of its
+    own: actors.remote.trust). A DDR router in forward mode is an endpoint of the dialogs it
+    joins: it opens what arrives and seals what it sends on."""
 
     def __init__(
         self,
@@ -61,8 +68,10 @@ class RouterSet:
         progress: Progress = lambda s: None,
         detached: bool = False,
         code_modules: Sequence[str] = (),
+        master_key_file: str | None = None,
     ) -> None:
         self.name, self.config, self.store_dir = name, config, store_dir
+        self.master_key_file = master_key_file
         self.code_modules = tuple(code_modules)
         self.initiators, self.initiator_services = list(initiators), list(initiator_services)
         self.targets = dict(targets)
@@ -119,11 +128,16 @@ class RouterSet:
         """Start one more replica; new dialogs spread over the new set from now on."""
         name = f"{self.name}-{self._next}"
         self._next += 1
+        limits: dict[str, Any] = {}
+        if self.code_modules:
+            limits["code_modules"] = list(self.code_modules)
+        if self.master_key_file:
+            limits["master_key_file"] = self.master_key_file
         b = start_broker(
             name,
             os.path.join(self.store_dir, f"{name}.sqlite"),
             detached=self.detached,
-            limits={"code_modules": list(self.code_modules)} if self.code_modules else None,
+            limits=limits or None,
         )
         existing = {(k, r["name"]) for k, r in b.definitions()}
         for defn in [*self.definitions["types"], *self.definitions["contracts"]]:
@@ -144,6 +158,8 @@ class RouterSet:
                     b.create_route(f"back-{svc}-{ib.name}", svc, bid, f"ray://{ib.name}")
         self._direct_routes()
         bid = b.info()["broker_id"]
+        if self.master_key_file:
+            self._secure(b, bid)
         for peer in [*self.initiators, *self.targets.values()]:  # initiators, targets -> it
             route = f"{self.name}-via-{name}"
             if route not in {r["name"] for r in peer.routes()}:
@@ -151,6 +167,16 @@ class RouterSet:
         self.replicas[name] = b
         self.progress(f"router replica {name} serving {self.config.service}")
         return b
+
+    def _secure(self, b: Broker, bid: str) -> None:
+        """Secured dialogs through replica `b` (broker id `bid`), both ways."""
+        svc = self.config.service
+        ensure(b, Certificate(f"{b.name}.cert", owner=svc, days=365))
+        for ib in self.initiators:  # initiators -> this replica (bound to it alone)
+            for isvc in self.initiator_services:
+                secure_dialogs(ib, isvc, b, svc, broker_instance=bid)
+        for service, target in self.targets.items():  # this replica -> each target
+            secure_dialogs(b, svc, target, service)
 
     def _direct_routes(self) -> None:
         """Initiators <-> targets directly, for dialogs begun after a redirect."""

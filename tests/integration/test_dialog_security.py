@@ -106,3 +106,52 @@ def test_encryption_on_waits_for_a_binding_and_a_missing_grant_is_a_typed_error(
     i.apply([again, Send(again.handle, "DEFAULT", [b"second try"])])
     [g] = t.receive("Q", wait=20)
     assert [m.body for m in g.messages] == [b"second try"]
+
+
+@pytest.mark.slow
+def test_a_router_set_carries_secured_dialogs_both_ways(make_broker, tmp_path):
+    """A shop, two router replicas in forward mode and two regions, every dialog secured: the
+    shop's to a replica (bound to that replica's certificate), the replica's to its region; the
+    replies come back sealed the same two ways, each order's in order, once."""
+    from actors.ddr import RouterConfig
+    from actors.remote.routers import RouterSet
+    from tests.integration.conftest import TEST_CODE
+    from tests.integration.test_ddr import check_replies, collect, define_sales
+
+    key = tmp_path / "master.key"
+    key.write_bytes(b"the operator's master key, 32 b.")
+    limits = {"master_key_file": str(key), "code_modules": list(TEST_CODE)}
+    tag = uuid.uuid4().hex[:6]
+    regions = {}
+    for r in ("EU", "US"):
+        b = make_broker(name=f"sec-sales{r}-{tag}", limits=limits)
+        define_sales(b, target=f"Sales{r}")
+        b.create(Certificate(f"Sales{r}Cert", owner=f"Sales{r}"))
+        regions[f"Sales{r}"] = b
+    shop = make_broker(name=f"sec-shop-{tag}", limits=limits)
+    define_sales(shop)
+    shop.create(Certificate("StoreCert", owner="Store"))
+    config = RouterConfig(
+        "SalesRouter", tuple(regions), "actors.ddr.classifiers:field", "forward",
+        {"template": "Sales{value}"},
+    )  # fmt: skip
+    rs = RouterSet(f"sec-router-{tag}", config, store_dir=str(tmp_path), initiators=[shop],
+                   initiator_services=["Store"], targets=regions,
+                   master_key_file=str(key)).start(2)  # fmt: skip
+    try:
+        orders = {}
+        for i in range(8):
+            region = ("EU", "US")[i % 2]
+            op = Begin("Store", "SalesRouter", "Sales", encryption=True)
+            lines = [f'{{"region": "{region}", "order": {i}, "line": {k}}}'.encode()
+                     for k in range(2)]  # fmt: skip
+            shop.apply([op, Send(op.handle, "Order", lines)])
+            orders[op.handle] = region
+        check_replies(orders, collect(shop, 16, {}), lines=2)
+        per_replica = {n: v["routed"] for n, v in rs.view().items()}
+        assert sorted(per_replica.values()) == [4, 4]  # both replicas, each bound on its own
+        for b in [shop, *rs.replicas.values(), *regions.values()]:
+            eps = b.endpoints()
+            assert eps and all(e["secured"] for e in eps), (b.name, eps)
+    finally:
+        rs.stop()
