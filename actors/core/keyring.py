@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from actors.errors import SecurityError
 from actors.model.catalog import Catalog
-from actors.model.credentials import Certificate, RemoteServiceBinding
+from actors.model.credentials import BROKER, Certificate, RemoteServiceBinding
 from actors.model.dialogs import Endpoint
 from actors.model.limits import Limits
 from actors.security import certificates
@@ -23,8 +23,11 @@ from actors.security.sessions import (
     Session,
     Signer,
     accept,
+    call_bundles,
     new_session_key,
     offer,
+    open_call,
+    sign_call,
     unwrap_key,
     wrap_key,
 )
@@ -177,6 +180,32 @@ class Keyring:
         return accept(blob, conversation_id, from_service, to_service,
                       self.own_keys(to_service), self.known(), granted.__contains__,
                       now)  # fmt: skip
+
+    # --- transport security ----------------------------------------------------------------
+
+    def sign_call(self, blob: bytes, sender: str, to: str, now: float) -> bytes:
+        """A call to broker `to`, signed by this broker's identity if it has a valid one."""
+        if not any(c.owner == BROKER and c.private_key
+                   for c in self.catalog.certificates.values()):  # fmt: skip
+            return blob
+        found = self.signer(BROKER, now)
+        return blob if isinstance(found, str) else sign_call(blob, sender, to, found)
+
+    def open_call(self, blob: bytes, me: str, now: float) -> bytes:
+        """The bundles of a call that reached broker `me`; SecurityError if this broker does
+        not accept it (with `transport_security` on, only calls signed by brokers granted
+        CONNECT)."""
+        if not self.limits.transport_security:
+            return call_bundles(blob)
+        granted = {g.certificate for g in self.catalog.grants.values() if g.service == BROKER}
+        opened = open_call(blob, me, self.known(), granted.__contains__, now)
+        if opened is not None:
+            return opened[1]
+        raise SecurityError(
+            f"broker {me!r} takes calls only from brokers it trusts (transport_security): "
+            "this call is not signed; give the sender an identity certificate (owner "
+            f"{BROKER!r}) and grant it CONNECT here"
+        )
 
     def wrapped(self, ep_no: int) -> bytes:
         """The session key of endpoint `ep_no`, sealed for the store."""

@@ -151,6 +151,12 @@ class CorePort(Part):
         keyring = self.state.keyring
         return keyring.accept(blob, conversation_id, from_service, to_service, now).session_key
 
+    def sign_call(self, blob: bytes, to: str) -> bytes:
+        return self.state.keyring.sign_call(blob, self.broker_id, to, self.now())
+
+    def open_call(self, blob: bytes) -> bytes:
+        return self.state.keyring.open_call(blob, self.name, self.now())
+
     def keep_session(self, w: Changes, ep: Endpoint, session_key: bytes) -> None:
         self.state.keyring.sessions[ep.no] = (Session(session_key, ep.conversation_id), session_key)
         self.keep_sessions(w, [ep.no])

@@ -22,13 +22,18 @@ from actors.security import certificates
 from actors.security.sessions import ANONYMOUS
 
 SEALED_KEY = "-----BEGIN ENCRYPTED PRIVATE KEY-----"
+# Transport security: a certificate owned by BROKER is this broker's identity, which signs every
+# call it makes to another broker; a Grant on BROKER is CONNECT: which brokers' identities may
+# deliver to this one (names cannot start with "@", so no service takes it).
+BROKER = "@broker"
 
 
 @dataclass(frozen=True)
 class Certificate:
     """A certificate this broker knows. With `certificate` (a PEM), someone else's public one:
     a far service's (named by a RemoteServiceBinding) or an initiator's (named by a Grant).
-    Without it, one of this broker's own for local service `owner`: the broker makes the key pair
+    Without it, one of this broker's own for local service `owner` (or, with owner BROKER,
+    "@broker", the broker's own identity for transport security): the broker makes the key pair
     itself, valid for `days` from now, and keeps the private key sealed under its master key
     (`private_key`, set by the broker, never shown). Export the public part with
     `raybroker cert export` for the far side to import."""
@@ -64,7 +69,9 @@ class RemoteServiceBinding:
 @dataclass(frozen=True)
 class Grant:
     """SEND on local service `service` for the initiators that sign with `certificate` (or
-    anyone, "public", for anonymous bindings): who may begin secured dialogs to it."""
+    anyone, "public", for anonymous bindings): who may begin secured dialogs to it. On BROKER
+    ("@broker"), CONNECT: the broker whose identity `certificate` is may deliver to this one
+    (transport security, the broker's limit `transport_security`)."""
 
     name: str
     service: str
@@ -85,14 +92,14 @@ def check_credential(defn: Credential, catalog: Any) -> None:
         _check_certificate(defn, catalog)
     elif isinstance(defn, RemoteServiceBinding):
         check_name("service", defn.service)
-        _known_certificate(catalog, defn.certificate, f"binding {defn.name!r}")
-        if not isinstance(defn.anonymous, bool):
-            raise InvalidDefinition(f"binding {defn.name!r}: anonymous must be True or False")
         if defn.broker_instance is not None:
             try:
                 check_broker_id(defn.broker_instance)
             except InvalidArgument as exc:
                 raise InvalidDefinition(f"binding {defn.name!r}: {exc}") from None
+        _known_certificate(catalog, defn.certificate, f"binding {defn.name!r}")
+        if not isinstance(defn.anonymous, bool):
+            raise InvalidDefinition(f"binding {defn.name!r}: anonymous must be True or False")
         for other in catalog.remote_service_bindings.values():
             if (other.service, other.broker_instance) == (defn.service, defn.broker_instance) and (
                 other.name != defn.name
@@ -103,6 +110,13 @@ def check_credential(defn: Credential, catalog: Any) -> None:
                     "that binding (to a new certificate, say) or drop it first"
                 )
     elif isinstance(defn, Grant):
+        if defn.service == BROKER:
+            if defn.certificate == ANONYMOUS:
+                raise InvalidDefinition(
+                    f"grant {defn.name!r}: CONNECT goes to a broker's certificate, not to anyone"
+                )
+            _known_certificate(catalog, defn.certificate, f"grant {defn.name!r}")
+            return
         if not isinstance(defn.service, str) or defn.service not in catalog.services:
             raise UnknownService(_named(defn.service), f"grant {defn.name!r} names it")
         if defn.certificate != ANONYMOUS:
@@ -111,7 +125,7 @@ def check_credential(defn: Credential, catalog: Any) -> None:
 
 def _check_certificate(defn: Certificate, catalog: Any) -> None:
     what = f"certificate {defn.name!r}"
-    if defn.owner is not None and (
+    if defn.owner not in (None, BROKER) and (
         not isinstance(defn.owner, str) or defn.owner not in catalog.services
     ):
         raise UnknownService(_named(defn.owner), f"{what} names it as its owner")

@@ -52,12 +52,18 @@ class Limits:
     # the file holding the master key this broker's private keys are sealed under (else
     # $RAYBROKER_MASTER_KEY_FILE or $RAYBROKER_MASTER_KEY in its process); a path, never the key
     master_key_file: str | None = None
+    # transport security: take calls from other brokers only when signed by an identity granted
+    # CONNECT here (a broker with an identity signs its own calls either way)
+    transport_security: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "code_modules", check_code_modules(self.code_modules))
         for f in fields(self):
             value, what, zero = getattr(self, f.name), f"limit {f.name}", f.name in _ZERO_OK
             if f.name == "code_modules":
+                continue
+            if f.name == "transport_security":
+                checks.flag(what, value)
                 continue
             if f.name == "master_key_file":
                 if value is not None and (not isinstance(value, str) or not value):

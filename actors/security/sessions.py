@@ -219,3 +219,70 @@ def unwrap_key(blob: bytes, master: bytes, endpoint_no: int) -> bytes:
             f"the session key of endpoint {endpoint_no} does not open with this master key; "
             "start the broker with the master key its dialogs were secured under"
         ) from None
+
+
+# --- transport security: calls between brokers ----------------------------------------------
+
+CALL = "raybroker-call"  # the first field of a signed call (a plain call is a list of bundles)
+
+
+def sign_call(blob: bytes, sender: str, to: str, signer: Signer) -> bytes:
+    """A call's bundles as broker `sender` sends them to broker `to`: signed by its identity."""
+    fields = [CALL, VERSION, sender, to, signer.fingerprint]
+    signature = signer.key.sign(packb([*fields, blob]), _PSS, hashes.SHA256())
+    return packb([*fields, blob, signature])
+
+
+def _call_fields(blob: bytes) -> list | None:
+    try:
+        fields = msgpack.unpackb(blob, raw=False)
+    except Exception:  # not msgpack at all: the bundles' own reading says so
+        return None
+    if not (isinstance(fields, list) and len(fields) == 7 and fields[0] == CALL):
+        return None
+    return fields
+
+
+def call_bundles(blob: bytes) -> bytes:
+    """The bundles of a call, signed or not, unchecked (a broker that trusts every sender)."""
+    fields = _call_fields(blob)
+    return fields[5] if fields is not None and isinstance(fields[5], bytes) else blob
+
+
+def open_call(
+    blob: bytes,
+    me: str,
+    known: Mapping[str, tuple[str, CertInfo]],
+    may_connect: Callable[[str], bool],
+    now: float,
+) -> tuple[str, bytes] | None:
+    """(certificate name, the call's bundles) of a signed call to broker `me`; None if `blob`
+    is not a signed call. SecurityError if it is one this broker does not accept."""
+    fields = _call_fields(blob)
+    if fields is None:
+        return None
+    _, version, sender, to, signer_fp, inner, signature = fields
+    if version != VERSION or not isinstance(inner, bytes) or not isinstance(signature, bytes):
+        raise SecurityError(f"a signed call of an unknown form (version {version!r})")
+    if to != me:
+        raise SecurityError(f"a call signed for broker {to!r} arrived at {me!r}")
+    found = known.get(signer_fp) if isinstance(signer_fp, str) else None
+    if found is None:
+        raise SecurityError(
+            f"a call signed by a certificate this broker does not know (broker {sender!r}); "
+            "import its identity certificate and grant it CONNECT"
+        )
+    name, info = found
+    if why := invalid_at(info, now):
+        raise SecurityError(f"a call from broker {sender!r}: its identity {why}")
+    try:
+        info.public_key.verify(signature, packb(fields[:5] + [inner]), _PSS, hashes.SHA256())
+    except (InvalidSignature, TypeError):
+        raise SecurityError(
+            f"a call claiming broker {sender!r} does not verify against certificate {name!r}"
+        ) from None
+    if not may_connect(name):
+        raise SecurityError(
+            f"broker {sender!r} (certificate {name!r}) is not granted CONNECT on this broker"
+        )
+    return name, inner

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from actors.errors import NotPrincipal, PeerUnreachable
+from actors.errors import NotPrincipal, PeerUnreachable, SecurityError
 from actors.mirroring.choice import Claim, MirrorRoutes, pairs
 from actors.model.routing import Hop
 from actors.transport.inbound import Arrival, Drops, Receiver
@@ -57,10 +57,14 @@ class Courier:
             self.dispatcher.release(out)
         return False
 
+    async def _call(self, broker: str, blob: bytes, timeout: float) -> bytes:
+        """One call to another broker, signed by this broker's identity if it has one."""
+        return await self.peers.deliver(broker, self.port.sign_call(blob, broker), timeout)
+
     async def _try(self, group: list[Hop], blob: bytes, timeout: float) -> tuple[Hop, bytes]:
         """One next hop, or a mirror pair (sent to its principal only; see actors.mirroring)."""
         if len(group) == 1:
-            return group[0], await self.peers.deliver(group[0].broker or "", blob, timeout)
+            return group[0], await self._call(group[0].broker or "", blob, timeout)
         by_name = {h.broker or "": h for h in group}
         sent_to: list[str] = []
 
@@ -70,14 +74,20 @@ class Courier:
 
         async def send(partner: str) -> bytes:
             sent_to.append(partner)
-            return await self.peers.deliver(partner, blob, timeout)
+            return await self._call(partner, blob, timeout)
 
         a, b = (h.broker or "" for h in group)
         reply = await self.mirrors.send(a, b, ask, send)
         return by_name[sent_to[-1]], reply
 
     async def deliver(self, blob: bytes) -> bytes:
-        """Bundles from another broker: deliver here, relay onward, answer for all of them."""
+        """Bundles from another broker: deliver here, relay onward, answer for all of them. A
+        call this broker does not take from its sender (transport security) is refused whole."""
+        try:
+            blob = self.port.open_call(blob)
+        except SecurityError as exc:
+            self._refused_call(str(exc))
+            return _refused(f"{self.port.name} refused the call: {exc}")
         arrival = self.receiver.arrive(blob)
         replies = [pack_reply(arrival.acks, arrival.refused)]
         for hops, bundles in arrival.forwards:
@@ -101,9 +111,7 @@ class Courier:
             why = "no next hop"
             for hop in hops:
                 try:
-                    return await self.peers.deliver(
-                        hop.broker or "", blob, port.limits.send_timeout_s
-                    )
+                    return await self._call(hop.broker or "", blob, port.limits.send_timeout_s)
                 except (PeerUnreachable, NotPrincipal) as exc:
                     said = exc.reason if isinstance(exc, PeerUnreachable) else str(exc)
                     why = f"{port.name} could not forward to {hop.address}: {said}"
@@ -111,6 +119,15 @@ class Courier:
             return _refused(why)
         finally:
             self.relaying -= n
+
+    def _refused_call(self, why: str) -> None:
+        """Record a call refused by transport security (the sender keeps its messages)."""
+        try:
+            self.port.transaction(
+                lambda w: self.port.record_event(w, "TransportRefused", self.port.name, why)
+            )
+        except Exception:  # an event is not worth failing the answer for
+            log.exception("broker %s: recording a refused call failed", self.port.name)
 
     def _dropped(self, bundles: list[Bundle], why: str) -> None:
         """Record that bundles this broker was to relay were dropped (the sender retries)."""

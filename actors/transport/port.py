@@ -134,6 +134,16 @@ class BrokerPort(Protocol):
 
     def keep_session(self, w: Work, ep: Endpoint, session_key: bytes) -> None: ...
 
+    # --- transport security --------------------------------------------------------------------
+
+    def sign_call(self, blob: bytes, to: str) -> bytes:
+        """A call's bundles as they go to broker `to` (signed if this broker has an identity)."""
+        ...
+
+    def open_call(self, blob: bytes) -> bytes:
+        """The bundles of a call that reached this broker; SecurityError if it is refused."""
+        ...
+
 
 class Peers(Protocol):
     """Calls to other brokers by name. Anything that keeps a call from being answered raises

@@ -17,7 +17,7 @@ from actors.errors import (
     UnknownCertificate,
     UnknownService,
 )
-from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
+from actors.model.credentials import BROKER, Certificate, Grant, RemoteServiceBinding
 from actors.security import certificates
 
 MASTER = b"a master key of the operator's 32"
@@ -78,6 +78,13 @@ def test_without_a_master_key_no_certificate_is_made_and_nothing_changes(
     assert snapshot(core) == before
 
 
+def test_a_broker_makes_its_own_identity_for_transport_security(secured):
+    core = secured[0]
+    core.create(Certificate("Identity", owner=BROKER, days=30))
+    assert _certificate(core, "Identity")["has_private_key"] is True
+    core.create(Grant("Trusted", BROKER, "Identity"))  # CONNECT, here for its own identity
+
+
 def test_a_far_certificate_is_imported_without_a_private_key(core, far_pem):
     core.create(Certificate("FarCert", far_pem))
     shown = _certificate(core, "FarCert")
@@ -95,6 +102,9 @@ def test_a_far_certificate_is_imported_without_a_private_key(core, far_pem):
         (RemoteServiceBinding("B", "Far", "NoCert"), UnknownCertificate, "binding 'B' names"),
         (Grant("G", "Nobody", "public"), UnknownService, "grant 'G' names it"),
         (Grant("G", "Target", "NoCert"), UnknownCertificate, "grant 'G' names it"),
+        (Grant("G", BROKER, "public"), InvalidDefinition, "CONNECT goes to a broker's"),
+        (Grant("G", BROKER, "NoCert"), UnknownCertificate, "grant 'G' names it"),
+        (RemoteServiceBinding("B", "Far", "C", broker_instance="x"), InvalidDefinition, "not a"),
     ],
 )
 def test_bad_credentials_are_refused_by_name_and_change_nothing(

@@ -12,13 +12,14 @@ from actors.calls.envelope import Begin, Send
 from actors.core import Limits
 from actors.errors import InvalidDefinition
 from actors.model.catalog import ERROR
-from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
+from actors.model.credentials import BROKER, Certificate, Grant, RemoteServiceBinding
 from actors.model.dialogs import parse_error_body
 from actors.security import certificates
 from actors.transport.wire import SECURITY_REFUSED
 from tests.fakes import FakeClock
 from tests.unit.test_transport import (
     INIT,
+    LATER,
     TARGET,
     Network,
     kinds,
@@ -338,3 +339,78 @@ def test_a_service_on_two_brokers_is_bound_per_broker_and_each_opens_its_own(tmp
     assert sorted(got[0] + got[1]) == [f"order {i}".encode() for i in range(6)]
     assert all(bd[13] is not None for bd in wire.bundles())
     net.close()
+
+
+# --- transport security --------------------------------------------------------------------
+
+
+@pytest.fixture
+def guarded(tmp_path, master):
+    """A (Init) and B (Target); B takes calls only from brokers it trusts."""
+    net = Network(FakeClock())
+    a = net.add("A", INIT, limits=master, path=str(tmp_path / "a.db"))
+    strict = Limits(master_key_file=master.master_key_file, transport_security=True)
+    b = net.add("B", TARGET, limits=strict, path=str(tmp_path / "b.db"))
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
+    yield net, a, b
+    net.close()
+
+
+def trust(frm, to):
+    """`frm` gets an identity; `to` imports it and grants it CONNECT."""
+    name = f"{frm.name}Identity"
+    if name not in frm.catalog.certificates:
+        frm.create(Certificate(name, owner=BROKER, days=30))
+    to.create(Certificate(name, pem(frm, name)))
+    to.create(Grant(f"{frm.name}MayConnect", BROKER, name))
+
+
+def test_a_broker_that_trusts_no_one_takes_no_call_until_its_sender_is_granted_connect(guarded):
+    net, a, b = guarded
+    begin(a, b"m0", encryption=False)
+    net.pump()
+    assert take(b, "TargetQ") == []
+    [row] = a.transmission_view()
+    assert "takes calls only from brokers it trusts" in row["transmission_status"]
+    assert "TransportRefused" in kinds(b)
+    trust(a, b)
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0"]
+    net.later()
+    assert take(b, "TargetQ") == []  # once
+
+
+def test_a_call_signed_by_a_broker_not_granted_or_for_another_broker_is_refused(guarded):
+    net, a, b = guarded
+    a.create(Certificate("AIdentity", owner=BROKER, days=30))
+    b.create(Certificate("AIdentity", pem(a, "AIdentity")))  # known, but not granted
+    begin(a, b"m0", encryption=False)
+    net.pump()
+    [row] = a.transmission_view()
+    assert "not granted CONNECT" in row["transmission_status"]
+    b.create(Grant("AMayConnect", BROKER, "AIdentity"))
+    # a call A signed for broker C, replayed at B: refused, it names another broker
+    net.clock.advance(LATER)
+    [out] = a.transport.dispatch()
+    for_c = a.transport.outbound.port.sign_call(out.blob(), "C")
+    reply = net.deliver("A", "B", for_c)
+    assert "signed for broker 'C'" in str(msgpack.unpackb(reply, raw=False))
+    a.transport.release(out)
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0"]
+
+
+def test_a_forwarder_is_the_hop_the_target_trusts(guarded, tmp_path, master):
+    net, a, b = guarded
+    f = net.add("F", limits=master, path=str(tmp_path / "f.db"), forwarding=True)
+    a.drop_route("routes", "ToTarget")
+    route(a, "routes", "ToTarget", "Target", "ray://F")
+    route(f, "instance", "FwdTarget", "Target", "ray://B")
+    trust(a, b)  # the initiator alone is not enough: the call B gets comes from F
+    begin(a, b"via F", encryption=False)
+    net.pump()
+    assert take(b, "TargetQ") == []
+    trust(f, b)
+    net.later()
+    assert [m.body for m in take(b, "TargetQ")] == [b"via F"]
