@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 from cryptography.exceptions import InvalidSignature, InvalidTag
@@ -73,6 +73,35 @@ def offer(
     return packb([VERSION, *fields, signature])
 
 
+def _signer(
+    known: Mapping[str, tuple[str, CertInfo]],
+    fingerprint: Any,
+    signature: Any,
+    data: bytes,
+    now: float,
+    what: str,
+    hint: str,
+) -> str:
+    """The name of the known, valid certificate whose key signed `data`; SecurityError saying
+    `what` was signed and, for an unknown signer, what to do (`hint`)."""
+    found = known.get(fingerprint) if isinstance(fingerprint, str) else None
+    if found is None:
+        raise SecurityError(
+            f"{what} is signed by a certificate this broker does not know (fingerprint "
+            f"{str(fingerprint)[:16]}...); {hint}"
+        )
+    name, info = found
+    if why := invalid_at(info, now):
+        raise SecurityError(f"{what} is signed by {name!r}, but {why}")
+    try:
+        info.public_key.verify(signature, data, _PSS, hashes.SHA256())
+    except (InvalidSignature, TypeError):
+        raise SecurityError(
+            f"{what} does not verify: its signature does not verify against certificate {name!r}"
+        ) from None
+    return name
+
+
 class Accepted(NamedTuple):
     session_key: bytes
     signer: str  # the certificate's name that signed the offer, or ANONYMOUS
@@ -112,23 +141,10 @@ def accept(
     if signer_fp is None:
         signer = ANONYMOUS
     else:
-        found = known.get(signer_fp) if isinstance(signer_fp, str) else None
-        if found is None:
-            raise SecurityError(
-                f"conversation {conversation_id}: signed by a certificate this broker does not "
-                f"know (fingerprint {str(signer_fp)[:16]}...); import the initiator's certificate"
-            )
-        signer, info = found
-        if why := invalid_at(info, now):
-            raise SecurityError(f"conversation {conversation_id}: the initiator's {why}")
         data = _signed(conversation_id, from_service, to_service, [target_fp, signer_fp, wrapped])
-        try:
-            info.public_key.verify(signature, data, _PSS, hashes.SHA256())
-        except (InvalidSignature, TypeError):
-            raise SecurityError(
-                f"conversation {conversation_id}: the key offer's signature does not verify "
-                f"against certificate {signer!r}"
-            ) from None
+        signer = _signer(known, signer_fp, signature, data, now,
+                         f"conversation {conversation_id}: the key offer, by the initiator,",
+                         "import the initiator's certificate")  # fmt: skip
     if not may_send(signer):
         raise SecurityError(
             f"conversation {conversation_id}: certificate {signer!r} is not granted SEND on "
@@ -266,21 +282,9 @@ def open_call(
         raise SecurityError(f"a signed call of an unknown form (version {version!r})")
     if to != me:
         raise SecurityError(f"a call signed for broker {to!r} arrived at {me!r}")
-    found = known.get(signer_fp) if isinstance(signer_fp, str) else None
-    if found is None:
-        raise SecurityError(
-            f"a call signed by a certificate this broker does not know (broker {sender!r}); "
-            "import its identity certificate and grant it CONNECT"
-        )
-    name, info = found
-    if why := invalid_at(info, now):
-        raise SecurityError(f"a call from broker {sender!r}: its identity {why}")
-    try:
-        info.public_key.verify(signature, packb(fields[:5] + [inner]), _PSS, hashes.SHA256())
-    except (InvalidSignature, TypeError):
-        raise SecurityError(
-            f"a call claiming broker {sender!r} does not verify against certificate {name!r}"
-        ) from None
+    name = _signer(known, signer_fp, signature, packb(fields[:5] + [inner]), now,
+                   f"a call claiming broker {sender!r},",
+                   "import its identity certificate and grant it CONNECT")  # fmt: skip
     if not may_connect(name):
         raise SecurityError(
             f"broker {sender!r} (certificate {name!r}) is not granted CONNECT on this broker"

@@ -155,3 +155,33 @@ def test_a_router_set_carries_secured_dialogs_both_ways(make_broker, tmp_path):
             assert eps and all(e["secured"] for e in eps), (b.name, eps)
     finally:
         rs.stop()
+
+
+@pytest.mark.slow
+def test_a_broker_that_takes_calls_only_from_trusted_brokers_refuses_one_without_connect(
+    make_broker, tmp_path
+):
+    from actors.model.credentials import BROKER
+
+    key = tmp_path / "master.key"
+    key.write_bytes(b"the operator's master key, 32 b.")
+    tag = uuid.uuid4().hex[:6]
+    a = make_broker(name=f"tA-{tag}", limits={"master_key_file": str(key)})
+    t = make_broker(name=f"tT-{tag}",
+                    limits={"master_key_file": str(key), "transport_security": True})  # fmt: skip
+    for b, svc, contracts in ((a, "Shop", []), (t, "Orders", ["DEFAULT"])):
+        b.create(Queue("Q"))
+        b.create(Service(svc, "Q", contracts))
+    a.create_route("ToOrders", "Orders", address=f"ray://{t.name}")
+    t.create_route("ToShop", "Shop", a.info()["broker_id"], f"ray://{a.name}")
+    h = a.begin_dialog("Shop", "Orders")
+    a.send(h, "DEFAULT", b"first")
+    wait_until(lambda: "takes calls only from brokers it trusts" in str(a.transmission_queue()),
+               what="the call to be refused for want of trust")  # fmt: skip
+    assert t.receive("Q", wait=0) == []
+    assert any(e["kind"] == "TransportRefused" for e in t.events())
+    a.create(Certificate("ShopBroker", owner=BROKER, days=30))
+    t.create(Certificate("ShopBroker", pem(a, "ShopBroker")))
+    t.create(Grant("ShopBrokerMayConnect", BROKER, "ShopBroker"))
+    [g] = t.receive("Q", wait=20)  # the retransmission, signed and trusted now
+    assert [m.body for m in g.messages] == [b"first"]
