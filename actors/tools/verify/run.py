@@ -37,6 +37,7 @@ from actors.tools.verify.topology import (
     RECEIVERS,
     SHOP,
     SHOP_QUEUE,
+    SHOP_SERVICE,
     TARGETS,
     document,
 )
@@ -127,6 +128,7 @@ class Run:
 
     def go(self, extra: dict[str, Any]) -> dict[str, Any]:
         from actors.remote.client import connect
+        from actors.remote.trust import secure_dialogs
         from actors.tools.verify.faults import Injector
         from topologies.deploy import deploy
         from topologies.loader import parse
@@ -137,9 +139,16 @@ class Run:
         self.progress(f"adding {STORE_NODES} store nodes")
         self.cluster.add_store_nodes(STORE_NODES)
         data = os.path.join(self.root, "data")
-        topology = parse(document(), "raybroker verify topology")
+        os.makedirs(data, exist_ok=True)
+        master = os.path.join(data, "master.key")  # the run's own, readable by its owner only
+        with open(os.open(master, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
+        topology = parse(document(master), "raybroker verify topology")
         self.progress("deploying brokers, forwarders, load-balanced targets and a router set")
         deployment = deploy(topology, data)
+        # the secured path: the shop and the store trust each other (dialog security)
+        secure_dialogs(deployment.brokers[SHOP], SHOP_SERVICE, deployment.brokers["vf-store"],
+                       PATHS["secured"])  # fmt: skip
         injector = Injector(self.cluster, deployment, topology, data)
         workload = o.messages - spark_n
         streams = begin_streams(deployment.brokers[SHOP], o.dialogs)

@@ -3,6 +3,8 @@ paths its workload takes through it. Plain data.
 
     vf-shop --ToDirect-----------------------------> vf-store   Direct   (pool readers)
             --ToRelayedA|B --> vf-gw-a | vf-gw-b --> vf-store   Relayed  (forwarded, HA)
+            --ToSecuredA|B --> vf-gw-a | vf-gw-b --> vf-store   Secured  (dialog security:
+                                                                sealed through the gateways)
             --ToBalanced1|2 ----------> vf-lb-1 | vf-lb-2       Balanced (load-balanced)
             --> vf-routers-0|1 (router set, DDR) --> vf-lb-1 PartA | vf-lb-2 PartB
     Spark's executors --> vf-shop --> vf-store Direct
@@ -10,7 +12,10 @@ paths its workload takes through it. Plain data.
 Every receiving queue is activated with `actors.tools.verify.handlers:echo_id`, which answers each
 message with its id in the same commit. vf-store is placed by the `vf_store` resource, which two
 nodes offer, so it can move when its node is removed; the other brokers by `vf_head`, which only
-the head offers. The shop refuses bodies over 64 KiB.
+the head offers. The shop refuses bodies over 64 KiB. The shop's Shop and the store's Secured
+have certificates of their own (made by their brokers under the run's master key); the run makes
+them trust each other once deployed (`actors.remote.trust`), and the secured path's dialogs begin
+with encryption on.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ ROUTERS, ROUTER_SERVICE = "vf-routers", "VRouter"
 PATHS = {
     "direct": "Direct",
     "forwarded": "Relayed",
+    "secured": "Secured",
     "balanced": "Balanced",
     "routed": ROUTER_SERVICE,
 }
@@ -48,14 +54,14 @@ TARGETS = {
 }
 AFFECTS = {
     "vf-shop": ALL,
-    "vf-store": ("direct", "forwarded", "spark"),
+    "vf-store": ("direct", "forwarded", "secured", "spark"),
     "vf-lb-1": ("balanced", "routed"),
     "vf-lb-2": ("balanced", "routed"),
     "vf-store/DirectQ": ("direct", "spark"),
     f"{ROUTERS}-0": ("routed",),
     f"{ROUTERS}-1": ("routed",),
-    "vf-gw-a": ("forwarded",),
-    "vf-gw-b": ("forwarded",),
+    "vf-gw-a": ("forwarded", "secured"),
+    "vf-gw-b": ("forwarded", "secured"),
     f"{SHOP}/ToDirect": ("direct", "spark"),
     f"{SHOP}/ToBalanced1": ("balanced",),
     f"{SHOP}/ToBalanced2": ("balanced",),
@@ -64,6 +70,7 @@ AFFECTS = {
 RECEIVERS = (
     ("vf-store", "DirectQ"),
     ("vf-store", "RelayedQ"),
+    ("vf-store", "SecuredQ"),
     ("vf-lb-1", "BalancedQ"),
     ("vf-lb-1", "PartQ"),
     ("vf-lb-2", "BalancedQ"),
@@ -96,14 +103,15 @@ def _route(name: str, service: str, broker: str, via: str | None = None) -> dict
 
 
 def _gateway(name: str) -> dict[str, Any]:
-    route = {**_route("ToStore", "Relayed", "vf-store"), "table": "instance"}
+    routes = [{**_route(f"To{svc}", svc, "vf-store"), "table": "instance"}
+              for svc in ("Relayed", "Secured")]  # fmt: skip
     return {
         "name": name,
         "storage": f"{name}.sqlite",
         "placement": ON_HEAD,
         "forwarding": True,
         "limits": {"forward_buffer": 50_000},
-        "routes": [route],
+        "routes": routes,
     }
 
 
@@ -123,20 +131,24 @@ def _target(name: str, part: str) -> dict[str, Any]:
     }
 
 
-def document() -> dict[str, Any]:
-    """The topology, for `topologies.loader.parse`."""
+def document(master_key_file: str) -> dict[str, Any]:
+    """The topology, for `topologies.loader.parse`; `master_key_file`: the run's master key,
+    which the shop and the store seal their certificates' private keys under."""
     shop = {
         "name": SHOP,
         "storage": f"{SHOP}.sqlite",
         "placement": ON_HEAD,
-        "limits": {"max_body_bytes": MAX_BODY},
+        "limits": {"max_body_bytes": MAX_BODY, "master_key_file": master_key_file},
         **_catalog(),
         "queues": [{"name": SHOP_QUEUE}],
         "services": [{"name": SHOP_SERVICE, "queue": SHOP_QUEUE}],
+        "certificates": [{"name": "ShopCert", "owner": SHOP_SERVICE}],
         "routes": [
             _route("ToDirect", "Direct", "vf-store"),
             _route("ToRelayedA", "Relayed", "vf-store", via="vf-gw-a"),
             _route("ToRelayedB", "Relayed", "vf-store", via="vf-gw-b"),
+            _route("ToSecuredA", "Secured", "vf-store", via="vf-gw-a"),
+            _route("ToSecuredB", "Secured", "vf-store", via="vf-gw-b"),
             _route("ToBalanced1", "Balanced", "vf-lb-1"),
             _route("ToBalanced2", "Balanced", "vf-lb-2"),
         ],
@@ -145,13 +157,16 @@ def document() -> dict[str, Any]:
         "name": "vf-store",
         "storage": "vf-store.sqlite",
         "placement": {"resources": {STORE_RESOURCE: 1}},
-        "limits": {"code_modules": [HANDLER_MODULE]},  # its readers' handler
+        # its readers' handler; the master key its Secured certificate is sealed under
+        "limits": {"code_modules": [HANDLER_MODULE], "master_key_file": master_key_file},
         **_catalog(),
-        "queues": [_queue("DirectQ", placement="pool"), _queue("RelayedQ")],
+        "queues": [_queue("DirectQ", placement="pool"), _queue("RelayedQ"), _queue("SecuredQ")],
         "services": [
             {"name": "Direct", "queue": "DirectQ", "contracts": [CONTRACT]},
             {"name": "Relayed", "queue": "RelayedQ", "contracts": [CONTRACT]},
+            {"name": "Secured", "queue": "SecuredQ", "contracts": [CONTRACT]},
         ],
+        "certificates": [{"name": "SecuredCert", "owner": "Secured"}],
         "routes": [_route("ToShop", SHOP_SERVICE, SHOP)],
     }
     routers = {

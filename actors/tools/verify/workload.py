@@ -44,7 +44,8 @@ def begin_streams(shop: Any, dialogs: int) -> dict[str, list[Stream]]:
     for path, service in PATHS.items():
         out[path] = []
         for i in range(dialogs):
-            op = Begin(SHOP_SERVICE, service, CONTRACT, conversation_id=str(uuid.uuid4()))
+            op = Begin(SHOP_SERVICE, service, CONTRACT, conversation_id=str(uuid.uuid4()),
+                       encryption=path == "secured")  # fmt: skip
             ops.append(op)
             part = "AB"[(i // 2) % 2]
             out[path].append(Stream(f"{path}/{i}", path, op.handle, op.conversation_id, part))
