@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -19,8 +19,10 @@ import ray
 from actors import Broker, Queue, start_broker
 from actors.errors import BrokerUnavailable, TopologyError
 from actors.model.catalog import kind_of, to_record
+from actors.model.credentials import Certificate
 from actors.remote.client import connect
 from actors.remote.routers import RouterSet
+from actors.remote.trust import secure_dialogs
 
 from .spec import BrokerSpec, RouterSetSpec, RouteSpec, Topology, replica_names, unsatisfiable
 
@@ -184,6 +186,7 @@ def deploy(
     if missing:
         raise TopologyError(f"{topology.source}: " + "; ".join(missing))
     os.makedirs(data_dir, exist_ok=True)
+    topology, master_key_file = _with_dialog_security(topology, data_dir)
     out = Deployment()
     for spec in topology.brokers:
         before = _running(spec.name)
@@ -218,10 +221,56 @@ def deploy(
             else:
                 b.drop_route(subject.name, table=subject.table)
             out.changes.append(f"{spec.name}: {action} route {_what(subject)}")
+    if master_key_file is not None:
+        _trust_along_routes(topology, out, ids)
     detached = bool(broker_options.get("detached"))
     for rs in topology.router_sets:
-        out.router_sets[rs.name] = _router_set(rs, out, data_dir, progress, detached)
+        out.router_sets[rs.name] = _router_set(
+            rs, out, data_dir, progress, detached, master_key_file
+        )
     return out
+
+
+def _with_dialog_security(topology: Topology, data_dir: str) -> tuple[Topology, str | None]:
+    """The topology as deployed with `dialog_security`: each broker with the master key (the
+    file's, or one made in the data directory on the first deploy, readable by its owner only)
+    and each service with a certificate of its own; and the master key's path (None: off)."""
+    if topology.dialog_security is None:
+        return topology, None
+    path = topology.dialog_security["master_key_file"] or os.path.join(data_dir, "master.key")
+    if not os.path.exists(path):
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
+    brokers = []
+    for spec in topology.brokers:
+        owned = {d.owner for d in spec.definitions if isinstance(d, Certificate)}
+        certificates = [Certificate(f"{svc}.cert", owner=svc)
+                        for svc in spec.services() if svc not in owned]  # fmt: skip
+        brokers.append(replace(spec, limits={**spec.limits, "master_key_file": path},
+                               definitions=[*spec.definitions, *certificates]))  # fmt: skip
+    return replace(topology, brokers=brokers), path
+
+
+def _trust_along_routes(topology: Topology, out: Deployment, ids: dict[str, str]) -> None:
+    """Each route's two ends trust each other: the services of the broker that has the route
+    may begin secured dialogs with the route's service on the broker(s) hosting it (bound per
+    broker where several host it)."""
+    hosts: dict[str, list[str]] = {}
+    for spec in topology.brokers:
+        for svc in spec.services():
+            hosts.setdefault(svc, []).append(spec.name)
+    for spec in topology.brokers:
+        for route in spec.routes:
+            service = route.service_name
+            if route.table != "routes" or service is None or service not in hosts:
+                continue
+            several = len(hosts[service]) > 1
+            for far in [route.broker_of] if route.broker_of else hosts[service]:
+                if far == spec.name:
+                    continue
+                for own in spec.services():
+                    secure_dialogs(out.brokers[spec.name], own, out.brokers[far], service,
+                                   broker_instance=ids[far] if several else None)  # fmt: skip
 
 
 def _router_set(
@@ -230,6 +279,7 @@ def _router_set(
     data_dir: str,
     progress: Callable[[str], None],
     detached: bool,
+    master_key_file: str | None = None,
 ) -> RouterSet:
     running = _running_replicas(rs)
     routers = RouterSet(
@@ -244,6 +294,7 @@ def _router_set(
         progress=progress,
         detached=detached,
         code_modules=rs.code_modules,
+        master_key_file=master_key_file,
     )
     routers.start(max(rs.replicas, len(running)))  # attaches to the running ones
     if len(running) < rs.replicas:

@@ -108,6 +108,9 @@ class Topology:
     brokers: list[BrokerSpec]
     router_sets: list[RouterSetSpec] = field(default_factory=list)
     source: str = "topology"
+    # dialog security for the whole file (None: off): {"master_key_file": path or None}; see
+    # topologies.deploy.secure_topology
+    dialog_security: dict[str, Any] | None = None
 
     def broker(self, name: str) -> BrokerSpec:
         return next(b for b in self.brokers if b.name == name)

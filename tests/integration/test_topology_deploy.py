@@ -94,15 +94,21 @@ def test_a_deployed_route_carries_a_dialog_to_the_other_broker(ray_session, tmp_
         d.stop(delete_stores=True)
 
 
-def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, tmp_path):
-    topo = load("topologies/sales_by_region.yaml")
+@pytest.mark.parametrize("secured", [False, True], ids=["plain", "dialog-security"])
+def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, tmp_path, secured):
+    path = "topologies/sales_by_region.yaml"
+    if secured:  # the same file with `dialog_security: true`
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        path = write(tmp_path, {**doc, "dialog_security": True})
+    topo = load(path)
     d = deploy(topo, str(tmp_path / "data"))
     try:
         shop = d.brokers["shop"]
         ops, regions = [], {}
         for i in range(30):
             region = ("EU", "US", "APAC")[i % 3]
-            op = Begin("Store", "SalesRouter", "Sales")
+            op = Begin("Store", "SalesRouter", "Sales", encryption=secured)
             ops += [op, Send(op.handle, "Order", json.dumps({"region": region, "n": i}).encode())]
             regions[op.handle] = region
         shop.apply(ops)
@@ -122,6 +128,12 @@ def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, t
         eu = d.brokers["sales-eu"].audit()["records"]
         assert len(eu) == 10 and {r["to_service"] for r in eu} == {"SalesEU"}
         assert len(d.router_sets["sales-routers"].replicas) == 2
+        brokers = [*d.brokers.values(), *d.router_sets["sales-routers"].replicas.values()]
+        endpoints = [e for b in brokers for e in b.endpoints()]
+        # with dialog security every dialog, the shop's and the routers', crossed sealed
+        assert endpoints and {e["secured"] for e in endpoints} == {secured}
+        if secured:
+            assert oct((tmp_path / "data" / "master.key").stat().st_mode)[-3:] == "600"
     finally:
         d.stop(delete_stores=True)
 

@@ -59,12 +59,30 @@ def test_the_priority_example_loads_with_two_activated_queues_of_different_sizes
             "brokers[0].queues[0]: queue 'Q': poison_limit",
         ),
         ({"brokers": [{"name": "b"}], "router_set": []}, "t.yaml: unknown key(s) ['router_set']"),
+        (
+            {"brokers": [{"name": "b"}], "dialog_security": {"master_key": "k"}},
+            "t.yaml: dialog_security: unknown key(s) ['master_key']",
+        ),
+        (
+            {"brokers": [{"name": "b"}], "dialog_security": {"master_key_file": 7}},
+            "dialog_security.master_key_file: is a file's path, not 7",
+        ),
+        ({"brokers": [{"name": "b"}], "dialog_security": "yes"}, "dialog_security: must be a"),
     ],
 )
 def test_a_bad_topology_is_refused_naming_the_place(doc, where):
     with pytest.raises(TopologyError, match=None) as err:
         parse(doc, "t.yaml")
     assert where in str(err.value)
+
+
+def test_dialog_security_is_off_unless_the_file_turns_it_on():
+    doc = {"brokers": [{"name": "b"}]}
+    assert parse(doc).dialog_security is None
+    assert parse({**doc, "dialog_security": False}).dialog_security is None
+    assert parse({**doc, "dialog_security": True}).dialog_security == {"master_key_file": None}
+    on = parse({**doc, "dialog_security": {"master_key_file": "/etc/rb/master.key"}})
+    assert on.dialog_security == {"master_key_file": "/etc/rb/master.key"}
 
 
 # --- the shipped files ---------------------------------------------------------------------------
