@@ -3,10 +3,10 @@ anything starts, then deployed onto the Ray cluster the driver is connected to.
 
 Top level: `brokers:` (required), `router_sets:` and `dialog_security:` (true, or
 {master_key_file: PATH}: every service gets a certificate of its own and the two ends of every
-route, router sets included, trust each other once deployed; topologies.deploy). A broker has `name`, `storage` (a file name
-under the deploy's data directory, or ":memory:"), lists of `message_types`, `contracts`, `queues`
-(with optional `activation`), `services`, `certificates`, `remote_service_bindings` and `grants`,
-written as the definitions' fields, and optionally
+route, router sets included, trust each other once deployed; topologies.deploy). A broker has
+`name`, `storage` (a file name under the deploy's data directory, or ":memory:"), lists of
+`message_types`, `contracts`, `queues` (with optional `activation`), `services`, `certificates`,
+`remote_service_bindings` and `grants`, written as the definitions' fields, and optionally
 `placement` ({resources: {name: amount}, node_labels: {key: value}}), `forwarding` (bool),
 `limits` ({Limits field: value}) and `routes` (create_route's fields plus `table`). A route's
 `broker_instance` is a broker id or, since ids exist only once brokers run, the name of a broker

@@ -187,7 +187,9 @@ class Timer:
 
 Op = Begin | Send | End | Timer
 _TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
-_ARITY = {0: 12, 1: 5, 2: 5, 3: 3}  # fields of each op on the wire, its tag included
+# fields of each op on the wire, its tag included (a Begin of a release before dialog security
+# has no `encryption`: 11 fields, read as off)
+_ARITY = {0: (11, 12), 1: (5,), 2: (5,), 3: (3,)}
 
 
 def call_bytes(ops: Sequence[Op]) -> int:
@@ -263,7 +265,7 @@ def unpack_ops(blob: bytes) -> list[Op]:
     ops: list[Op] = []
     for i, rec in enumerate(recs):
         tag = rec[0] if isinstance(rec, list) and rec else None
-        if type(tag) is not int or len(rec) != _ARITY.get(tag):
+        if type(tag) is not int or len(rec) not in _ARITY.get(tag, ()):
             raise InvalidArgument(
                 f"operation {i} is not an operation: each is [tag, fields...] with tag 0 (Begin), "
                 "1 (Send), 2 (End) or 3 (Timer) and that operation's fields"

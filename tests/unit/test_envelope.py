@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import threading
 import uuid
@@ -84,6 +85,16 @@ def test_a_batch_unpacks_to_the_same_operations_in_the_same_order():
         End("h-1"),
     ]
     assert unpack_ops(pack_ops(ops)) == ops
+
+
+def test_a_begin_from_before_dialog_security_is_read_with_encryption_off():
+    op = Begin("A", "B", encryption=True)
+    [rec] = msgpack.unpackb(pack_ops([op]), raw=False)
+    older = msgpack.packb([rec[:-1]], use_bin_type=True)  # as the previous release packs it
+    [back] = unpack_ops(older)
+    assert back == dataclasses.replace(op, encryption=False)
+    with pytest.raises(InvalidArgument, match="operation 0 is not an operation"):
+        unpack_ops(msgpack.packb([rec[:-2]], use_bin_type=True))
 
 
 def test_an_empty_batch_survives_pack_and_unpack():
