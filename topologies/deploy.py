@@ -19,10 +19,10 @@ import ray
 from actors import Broker, Queue, start_broker
 from actors.errors import BrokerUnavailable, TopologyError
 from actors.model.catalog import kind_of, to_record
-from actors.model.credentials import Certificate
+from actors.model.credentials import BROKER, Certificate
 from actors.remote.client import connect
 from actors.remote.routers import RouterSet
-from actors.remote.trust import secure_dialogs
+from actors.remote.trust import secure_dialogs, trust_brokers
 
 from .spec import BrokerSpec, RouterSetSpec, RouteSpec, Topology, replica_names, unsatisfiable
 
@@ -181,12 +181,15 @@ def deploy(
     **broker_options: Any,
 ) -> Deployment:
     """Make the cluster run `topology`: start or attach to every broker, apply the difference
-    in definitions and routes, start router sets and bring their replicas to the file's count."""
+    in definitions and routes, start router sets and bring their replicas to the file's count.
+    With `dialog_security`, every service gets a certificate of its own and the two ends of every
+    route (router sets included) trust each other; with `transport_security`, every broker
+    (router replicas included) an identity, taking calls only from the file's other brokers."""
     missing = unsatisfiable(topology, ray.nodes())
     if missing:
         raise TopologyError(f"{topology.source}: " + "; ".join(missing))
     os.makedirs(data_dir, exist_ok=True)
-    topology, master_key_file = _with_dialog_security(topology, data_dir)
+    topology, master_key_file = _with_security(topology, data_dir)
     out = Deployment()
     for spec in topology.brokers:
         before = _running(spec.name)
@@ -221,32 +224,43 @@ def deploy(
             else:
                 b.drop_route(subject.name, table=subject.table)
             out.changes.append(f"{spec.name}: {action} route {_what(subject)}")
-    if master_key_file is not None:
+    if topology.dialog_security is not None:
         _trust_along_routes(topology, out, ids)
+    if topology.transport_security:
+        names = [spec.name for spec in topology.brokers]
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                trust_brokers(out.brokers[a], out.brokers[b])
     detached = bool(broker_options.get("detached"))
     for rs in topology.router_sets:
-        out.router_sets[rs.name] = _router_set(
-            rs, out, data_dir, progress, detached, master_key_file
-        )
+        out.router_sets[rs.name] = _router_set(rs, out, data_dir, progress, detached, topology,
+                                               master_key_file)  # fmt: skip
     return out
 
 
-def _with_dialog_security(topology: Topology, data_dir: str) -> tuple[Topology, str | None]:
-    """The topology as deployed with `dialog_security`: each broker with the master key (the
-    file's, or one made in the data directory on the first deploy, readable by its owner only)
-    and each service with a certificate of its own; and the master key's path (None: off)."""
-    if topology.dialog_security is None:
+def _with_security(topology: Topology, data_dir: str) -> tuple[Topology, str | None]:
+    """The topology as deployed with `dialog_security` (each service with a certificate of its
+    own) and/or `transport_security` (each broker with an identity, taking calls only from those
+    it trusts): each broker with the master key (the file's, or one made in the data directory on
+    the first deploy, readable by its owner only); and the master key's path (None: neither)."""
+    dialogs, transport = topology.dialog_security, topology.transport_security
+    if dialogs is None and not transport:
         return topology, None
-    path = topology.dialog_security["master_key_file"] or os.path.join(data_dir, "master.key")
+    path = (dialogs or {}).get("master_key_file") or os.path.join(data_dir, "master.key")
     if not os.path.exists(path):
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(os.urandom(32).hex())
     brokers = []
     for spec in topology.brokers:
         owned = {d.owner for d in spec.definitions if isinstance(d, Certificate)}
-        certificates = [Certificate(f"{svc}.cert", owner=svc)
-                        for svc in spec.services() if svc not in owned]  # fmt: skip
-        brokers.append(replace(spec, limits={**spec.limits, "master_key_file": path},
+        wanted = [*(spec.services() if dialogs is not None else ()),
+                  *([BROKER] if transport else ())]  # fmt: skip
+        certificates = [Certificate(f"{'identity' if o == BROKER else o}.cert", owner=o)
+                        for o in wanted if o not in owned]  # fmt: skip
+        limits = {**spec.limits, "master_key_file": path}
+        if transport:
+            limits["transport_security"] = True
+        brokers.append(replace(spec, limits=limits,
                                definitions=[*spec.definitions, *certificates]))  # fmt: skip
     return replace(topology, brokers=brokers), path
 
@@ -279,7 +293,8 @@ def _router_set(
     data_dir: str,
     progress: Callable[[str], None],
     detached: bool,
-    master_key_file: str | None = None,
+    topology: Topology,
+    master_key_file: str | None,
 ) -> RouterSet:
     running = _running_replicas(rs)
     routers = RouterSet(
@@ -295,6 +310,8 @@ def _router_set(
         detached=detached,
         code_modules=rs.code_modules,
         master_key_file=master_key_file,
+        dialog_security=topology.dialog_security is not None,
+        transport_security=topology.transport_security,
     )
     routers.start(max(rs.replicas, len(running)))  # attaches to the running ones
     if len(running) < rs.replicas:

@@ -1,9 +1,8 @@
 """Topology files: brokers, their catalogs, routes and router sets in YAML, checked before
 anything starts, then deployed onto the Ray cluster the driver is connected to.
 
-Top level: `brokers:` (required), `router_sets:` and `dialog_security:` (true, or
-{master_key_file: PATH}: every service gets a certificate of its own and the two ends of every
-route, router sets included, trust each other once deployed; topologies.deploy). A broker has
+Top level: `brokers:` (required), `router_sets:`, `dialog_security:` (true or {master_key_file:
+PATH}) and `transport_security:` (true): what they set up is topologies.deploy's. A broker has
 `name`, `storage` (a file name under the deploy's data directory, or ":memory:"), lists of
 `message_types`, `contracts`, `queues` (with optional `activation`), `services`, `certificates`,
 `remote_service_bindings` and `grants`, written as the definitions' fields, and optionally
@@ -69,7 +68,7 @@ SECTIONS = (
     ("remote_service_bindings", "remote_service_binding"),
     ("grants", "grant"),
 )
-TOP_KEYS = {"brokers", "router_sets", "dialog_security"}
+TOP_KEYS = {"brokers", "router_sets", "dialog_security", "transport_security"}
 SECURITY_KEYS = {"master_key_file"}
 EXTRA_KEYS = {"placement", "forwarding", "limits", "routes"}
 BROKER_KEYS = {"name", "storage", *(s for s, _ in SECTIONS), *EXTRA_KEYS}
@@ -102,12 +101,12 @@ def parse(doc: Any, where: str = "topology") -> Topology:
         sets.append(_router_set(rec, f"{where}: router_sets[{i}]", specs, sets))
     for i, spec in enumerate(specs):
         spec.routes = _linked_routes(spec, f"{where}: brokers[{i}]", specs, sets)
-    return Topology(specs, sets, where, _dialog_security(doc, where))
+    with _at(f"{where}: transport_security"):
+        transport = checks.flag("transport_security", doc.get("transport_security", False))
+    return Topology(specs, sets, where, _dialog_security(doc, where), transport)
 
 
 def _dialog_security(doc: Mapping[str, Any], where: str) -> dict[str, Any] | None:
-    """`dialog_security:` (true, or {master_key_file: PATH}): every service gets a certificate
-    of its own and every route's two ends trust each other once deployed."""
     if "dialog_security" not in doc or doc["dialog_security"] is False:
         return None
     at = f"{where}: dialog_security"

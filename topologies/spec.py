@@ -111,6 +111,8 @@ class Topology:
     # dialog security for the whole file (None: off): {"master_key_file": path or None}; see
     # topologies.deploy.secure_topology
     dialog_security: dict[str, Any] | None = None
+    # transport security for the whole file: every broker an identity, trusting the file's others
+    transport_security: bool = False
 
     def broker(self, name: str) -> BrokerSpec:
         return next(b for b in self.brokers if b.name == name)

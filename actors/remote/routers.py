@@ -28,10 +28,10 @@ from actors.model.catalog import (
     Service,
     from_record,
 )
-from actors.model.credentials import Certificate
+from actors.model.credentials import BROKER, Certificate
 from actors.remote.client import Broker
 from actors.remote.factory import start_broker
-from actors.remote.trust import ensure, secure_dialogs
+from actors.remote.trust import ensure, secure_dialogs, trust_brokers
 
 HANDLER = ROUTER_HANDLER
 ROUTER_QUEUE = "RouterQueue"
@@ -47,12 +47,14 @@ class RouterSet:
     `contracts`: the contracts the routing service accepts; by default the union of the targets'
     contracts (seed 000's first assumption). Given explicitly, they must cover that union.
     `code_modules`: where the classifier may be, beside the package's own (the replicas' limit
-    code_modules, actors.model.code_names). `master_key_file`: the replicas' master key; with it
-    the dialogs through the set are secured both ways (seed 003): each replica makes a
-    certificate of its own for the routing service, and trusts and is trusted by every
+    code_modules, actors.model.code_names). `master_key_file`: the replicas' master key. With
+    `dialog_security` the dialogs through the set are secured both ways (seed 003): each replica
+    makes a certificate of its own for the routing service, and trusts and is trusted by every
     initiator's services and every target service (each of which needs a certificate of its
     own: actors.remote.trust). A DDR router in forward mode is an endpoint of the dialogs it
-    joins: it opens what arrives and seals what it sends on."""
+    joins: it opens what arrives and seals what it sends on. With `transport_security` each
+    replica has an identity, takes calls only from brokers it trusts, and it and every initiator
+    and target trust each other (each of which needs an identity of its own)."""
 
     def __init__(
         self,
@@ -69,9 +71,12 @@ class RouterSet:
         detached: bool = False,
         code_modules: Sequence[str] = (),
         master_key_file: str | None = None,
+        dialog_security: bool = False,
+        transport_security: bool = False,
     ) -> None:
         self.name, self.config, self.store_dir = name, config, store_dir
         self.master_key_file = master_key_file
+        self.dialog_security, self.transport_security = dialog_security, transport_security
         self.code_modules = tuple(code_modules)
         self.initiators, self.initiator_services = list(initiators), list(initiator_services)
         self.targets = dict(targets)
@@ -133,6 +138,8 @@ class RouterSet:
             limits["code_modules"] = list(self.code_modules)
         if self.master_key_file:
             limits["master_key_file"] = self.master_key_file
+        if self.transport_security:
+            limits["transport_security"] = True
         b = start_broker(
             name,
             os.path.join(self.store_dir, f"{name}.sqlite"),
@@ -158,7 +165,11 @@ class RouterSet:
                     b.create_route(f"back-{svc}-{ib.name}", svc, bid, f"ray://{ib.name}")
         self._direct_routes()
         bid = b.info()["broker_id"]
-        if self.master_key_file:
+        if self.transport_security:  # before any call reaches it
+            ensure(b, Certificate(f"{b.name}.identity", owner=BROKER, days=365))
+            for peer in [*self.initiators, *self.targets.values()]:
+                trust_brokers(b, peer)
+        if self.dialog_security:
             self._secure(b, bid)
         for peer in [*self.initiators, *self.targets.values()]:  # initiators, targets -> it
             route = f"{self.name}-via-{name}"

@@ -1,7 +1,8 @@
-"""Dialog security set up between running brokers by their handles (seed 003): a service's own
-certificate found, the far side's imported, the far service bound, SEND granted. What an
-operator does with `raybroker cert` and a few creates, for a driver that starts brokers itself
-(a router set's replicas, say). Idempotent: what exists already is left as it is."""
+"""Dialog and transport security set up between running brokers by their handles (seed 003): a
+service's own certificate found, the far side's imported, the far service bound, SEND granted;
+brokers' identities exchanged and CONNECT granted. What an operator does with `raybroker cert`
+and a few creates, for a driver that starts brokers itself (a router set's replicas, a topology's
+deploy). Idempotent: what exists already is left as it is."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from actors.errors import SecurityError
 from actors.model.catalog import kind_of
-from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
+from actors.model.credentials import BROKER, Certificate, Grant, RemoteServiceBinding
 from actors.security import certificates
 
 
@@ -56,3 +57,14 @@ def secure_dialogs(
                                            broker_instance=broker_instance))  # fmt: skip
     ensure(target, Certificate(far_i, i_pem))
     ensure(target, Grant(f"{far_i}.may-send.{to_service}", to_service, far_i))
+
+
+def trust_brokers(a: Any, b: Any) -> None:
+    """Transport security between brokers `a` and `b`, both ways: each holds the other's
+    identity (a certificate owned by BROKER, which each needs of its own) and grants it
+    CONNECT."""
+    for one, other in ((a, b), (b, a)):
+        name, pem = own_certificate(one, BROKER)
+        far = f"{one.name}.{name}"
+        ensure(other, Certificate(far, pem))
+        ensure(other, Grant(f"{far}.may-connect", BROKER, far))

@@ -137,7 +137,7 @@ def test_a_router_set_carries_secured_dialogs_both_ways(make_broker, tmp_path):
     )  # fmt: skip
     rs = RouterSet(f"sec-router-{tag}", config, store_dir=str(tmp_path), initiators=[shop],
                    initiator_services=["Store"], targets=regions,
-                   master_key_file=str(key)).start(2)  # fmt: skip
+                   master_key_file=str(key), dialog_security=True).start(2)  # fmt: skip
     try:
         orders = {}
         for i in range(8):

@@ -94,13 +94,19 @@ def test_a_deployed_route_carries_a_dialog_to_the_other_broker(ray_session, tmp_
         d.stop(delete_stores=True)
 
 
-@pytest.mark.parametrize("secured", [False, True], ids=["plain", "dialog-security"])
-def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, tmp_path, secured):
+@pytest.mark.parametrize(
+    "secured, transport",
+    [(False, False), (True, False), (True, True)],
+    ids=["plain", "dialog-security", "dialog-and-transport-security"],
+)
+def test_sales_by_region_routes_each_order_to_its_region_and_back(
+    ray_session, tmp_path, secured, transport
+):
     path = "topologies/sales_by_region.yaml"
-    if secured:  # the same file with `dialog_security: true`
+    if secured:  # the same file with `dialog_security: true` (and `transport_security: true`)
         with open(path) as f:
             doc = yaml.safe_load(f)
-        path = write(tmp_path, {**doc, "dialog_security": True})
+        path = write(tmp_path, {**doc, "dialog_security": True, "transport_security": transport})
     topo = load(path)
     d = deploy(topo, str(tmp_path / "data"))
     try:
@@ -134,6 +140,11 @@ def test_sales_by_region_routes_each_order_to_its_region_and_back(ray_session, t
         assert endpoints and {e["secured"] for e in endpoints} == {secured}
         if secured:
             assert oct((tmp_path / "data" / "master.key").stat().st_mode)[-3:] == "600"
+        # with transport security every broker takes calls only from the file's others (and
+        # the router replicas): none was refused, so every call came signed by one of them
+        for b in brokers:
+            assert b.info()["limits"].get("transport_security", False) == transport
+            assert not [e for e in b.events() if e["kind"] == "TransportRefused"]
     finally:
         d.stop(delete_stores=True)
 

@@ -68,6 +68,10 @@ def test_the_priority_example_loads_with_two_activated_queues_of_different_sizes
             "dialog_security.master_key_file: is a file's path, not 7",
         ),
         ({"brokers": [{"name": "b"}], "dialog_security": "yes"}, "dialog_security: must be a"),
+        (
+            {"brokers": [{"name": "b"}], "transport_security": "on"},
+            "transport_security: transport_security must be True or False",
+        ),
     ],
 )
 def test_a_bad_topology_is_refused_naming_the_place(doc, where):
@@ -83,6 +87,9 @@ def test_dialog_security_is_off_unless_the_file_turns_it_on():
     assert parse({**doc, "dialog_security": True}).dialog_security == {"master_key_file": None}
     on = parse({**doc, "dialog_security": {"master_key_file": "/etc/rb/master.key"}})
     assert on.dialog_security == {"master_key_file": "/etc/rb/master.key"}
+    assert (
+        not on.transport_security and parse({**doc, "transport_security": True}).transport_security
+    )
 
 
 # --- the shipped files ---------------------------------------------------------------------------
