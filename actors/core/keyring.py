@@ -18,7 +18,6 @@ from actors.model.limits import Limits
 from actors.security import certificates
 from actors.security.certificates import CertInfo
 from actors.security.sessions import (
-    ANONYMOUS,
     Accepted,
     Session,
     Signer,
@@ -217,6 +216,3 @@ class Keyring:
             if no in conversations:
                 key = unwrap_key(blob, self.master(), no)
                 self.sessions[no] = (Session(key, conversations[no]), key)
-
-
-__all__ = ["ANONYMOUS", "Keyring"]

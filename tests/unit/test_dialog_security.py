@@ -92,9 +92,14 @@ class Wire:
 
 @pytest.fixture
 def pair(tmp_path, master):
+    yield from two_brokers(tmp_path, master, master)
+
+
+def two_brokers(tmp_path, limits_a, limits_b):
+    """A (Init) and B (Target) on file stores, each routing to the other."""
     net = Network(FakeClock())
-    a = net.add("A", INIT, limits=master, path=str(tmp_path / "a.db"))
-    b = net.add("B", TARGET, limits=master, path=str(tmp_path / "b.db"))
+    a = net.add("A", INIT, limits=limits_a, path=str(tmp_path / "a.db"))
+    b = net.add("B", TARGET, limits=limits_b, path=str(tmp_path / "b.db"))
     route(a, "routes", "ToTarget", "Target", "ray://B")
     route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
     yield net, a, b
@@ -129,12 +134,18 @@ def test_a_secured_dialogs_messages_cross_sealed_and_arrive_in_order_once_both_w
     assert SECRET not in on_the_wire and b"secret answer" not in on_the_wire
 
 
-def test_a_forwarder_carries_a_secured_dialog_without_a_readable_body(pair, tmp_path, master):
-    net, a, b = pair
+def via_forwarder(net, a, tmp_path, master):
+    """Forwarder F, which A's dialogs to Target now go through to B."""
     f = net.add("F", limits=master, path=str(tmp_path / "f.db"), forwarding=True)
     a.drop_route("routes", "ToTarget")
     route(a, "routes", "ToTarget", "Target", "ray://F")
     route(f, "instance", "FwdTarget", "Target", "ray://B")
+    return f
+
+
+def test_a_forwarder_carries_a_secured_dialog_without_a_readable_body(pair, tmp_path, master):
+    net, a, b = pair
+    f = via_forwarder(net, a, tmp_path, master)
     route(f, "instance", "FwdInit", "Init", "ray://A", a.broker_id)
     route(b, "routes", "ToInit2", "Init", "ray://F", a.broker_id)
     b.drop_route("routes", "ToInit")
@@ -347,14 +358,8 @@ def test_a_service_on_two_brokers_is_bound_per_broker_and_each_opens_its_own(tmp
 @pytest.fixture
 def guarded(tmp_path, master):
     """A (Init) and B (Target); B takes calls only from brokers it trusts."""
-    net = Network(FakeClock())
-    a = net.add("A", INIT, limits=master, path=str(tmp_path / "a.db"))
     strict = Limits(master_key_file=master.master_key_file, transport_security=True)
-    b = net.add("B", TARGET, limits=strict, path=str(tmp_path / "b.db"))
-    route(a, "routes", "ToTarget", "Target", "ray://B")
-    route(b, "routes", "ToInit", "Init", "ray://A", a.broker_id)
-    yield net, a, b
-    net.close()
+    yield from two_brokers(tmp_path, master, strict)
 
 
 def trust(frm, to):
@@ -403,10 +408,7 @@ def test_a_call_signed_by_a_broker_not_granted_or_for_another_broker_is_refused(
 
 def test_a_forwarder_is_the_hop_the_target_trusts(guarded, tmp_path, master):
     net, a, b = guarded
-    f = net.add("F", limits=master, path=str(tmp_path / "f.db"), forwarding=True)
-    a.drop_route("routes", "ToTarget")
-    route(a, "routes", "ToTarget", "Target", "ray://F")
-    route(f, "instance", "FwdTarget", "Target", "ray://B")
+    f = via_forwarder(net, a, tmp_path, master)
     trust(a, b)  # the initiator alone is not enough: the call B gets comes from F
     begin(a, b"via F", encryption=False)
     net.pump()
