@@ -25,6 +25,12 @@ def add_parsers(sub: Any) -> None:
     ing.add_argument("--ingest-id", help="names the ingest; run again with it to finish a run")
     ing.add_argument("--batch-rows", type=int, default=4000, help="rows per apply call")
     ing.add_argument("--report", metavar="PATH", help="write the report as JSON (for audit)")
+    ing.add_argument(
+        "--encryption",
+        choices=("on", "off"),
+        default="on",
+        help="the dialogs' ENCRYPTION: on (the default), they leave the broker only secured",
+    )
     ing.set_defaults(fn=_ingest)
 
     aud = sub.add_parser("audit", help="write brokers' delivery audits as Parquet, reconcile")
@@ -71,6 +77,7 @@ def _ingest(args: argparse.Namespace) -> int:
             body_format=args.body_format,
             ingest_id=args.ingest_id,
             batch_rows=args.batch_rows,
+            encryption=args.encryption == "on",
         )
     print(
         f"ingest {report.ingest_id}: {report.rows:,} rows, {report.sent:,} sent, "

@@ -91,6 +91,7 @@ def ingest(
     in_flight: int = 4,
     partitions: int | None = None,
     progress: bool | Callable[[dict[str, Any]], None] = True,
+    encryption: bool = True,
 ) -> IngestReport:
     """Send every row of `df` as one message from `from_service` to `to_service`.
 
@@ -103,6 +104,8 @@ def ingest(
     conversation group. `ingest_id` names the ingest (a fresh one by default): run again with
     the same id, it sends nothing twice. `progress`:
     True prints rows and rows/s to stderr, a callable receives each view, False shows nothing.
+    `encryption`: the dialogs' ENCRYPTION (`actors.Begin`): on, they leave the sending broker
+    only secured (dialog security configured for `to_service`), else they wait.
     """
     started = time.monotonic()
     ingest_id = check_ingest_id(uuid.uuid4().hex if ingest_id is None else ingest_id)
@@ -112,6 +115,8 @@ def ingest(
     _whole("in_flight", in_flight)
     if partitions is not None:
         _whole("partitions", partitions)
+    if not isinstance(encryption, bool):
+        raise IngestError(f"encryption must be True or False, not {encryption!r}")
     if body_format not in BODY_FORMATS:
         raise IngestError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
     mt, limits = _check_catalog(senders, from_service, to_service, contract, message_type)
@@ -132,6 +137,7 @@ def ingest(
         batch_rows=batch_rows,
         max_body_bytes=limits.max_body_bytes,
         call_bytes=min(IngestSpec.call_bytes, limits.max_call_bytes // 2),
+        encryption=encryption,
     )
     frame = arranged(df, key, order, partitions)
     import ray

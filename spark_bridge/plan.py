@@ -147,6 +147,7 @@ class IngestSpec:
     batch_rows: int = 4000
     max_body_bytes: int = 4 << 20
     call_bytes: int = 16 << 20  # bodies per call, summed (well under the brokers' max_call_bytes)
+    encryption: bool = True  # the dialogs' ENCRYPTION
 
 
 def slices(bodies: Sequence[bytes | None], rows: int, max_bytes: int) -> Iterator[tuple[int, int]]:
@@ -273,6 +274,7 @@ class PartitionPlanner:
                         conversation_id=dialog.handle,
                         related_group=None if group is None else group_id(spec.ingest_id, group),
                         if_absent=True,
+                        encryption=spec.encryption,
                     )
                 )
                 ops.append(Send(dialog.handle, spec.message_type.name, run, at=first_seq))

@@ -70,7 +70,7 @@ class Begin:
     lifetime: float | None = None
     conversation_id: str | None = None
     if_absent: bool = False
-    encryption: bool = False
+    encryption: bool = True
 
     def __post_init__(self) -> None:
         _name("from_service", self.from_service)
@@ -273,7 +273,7 @@ def unpack_ops(blob: bytes) -> list[Op]:
         if tag == 1:
             ops.append(Send(rec[1], rec[2], rec[3], rec[4]))
         elif tag == 0:
-            ops.append(Begin(*rec[1:]))
+            ops.append(Begin(*rec[1:11], encryption=rec[11] if len(rec) > 11 else False))
         elif tag == 2:
             ops.append(End(*rec[1:]))
         else:

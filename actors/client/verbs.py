@@ -158,7 +158,7 @@ class Verbs:
         related_group: str | None = None,
         lifetime: float | None = None,
         to_broker: str | None = None,
-        encryption: bool = False,
+        encryption: bool = True,
     ) -> Any:
         """BEGIN DIALOG; returns the new conversation handle (`encryption`: see `Begin`)."""
         op = Begin(
@@ -414,7 +414,7 @@ class BrokerHandle(Protocol):
         related_group: str | None = None,
         lifetime: float | None = None,
         to_broker: str | None = None,
-        encryption: bool = False,
+        encryption: bool = True,
     ) -> str: ...
     def send(
         self, handles: str | Sequence[str], message_type: str, body: bytes = b""

@@ -22,11 +22,13 @@ def begin_redirected(
     body: bytes,
     *,
     timeout: float = 30.0,
+    encryption: bool = True,
 ) -> tuple[str, str]:
     """Send `body` to the router, wait for its `Redirect`, then begin the dialog with the
     service it names and send `body` there. Returns (handle, service). `queue` is
-    `from_service`'s queue, where the router's answer arrives."""
-    ask = broker.begin_dialog(from_service, router_service, contract)
+    `from_service`'s queue, where the router's answer arrives. `encryption`: both dialogs' (see
+    `Begin`)."""
+    ask = broker.begin_dialog(from_service, router_service, contract, encryption=encryption)
     broker.send(ask, message_type, body)
     deadline = time.monotonic() + timeout
     service = None
@@ -45,6 +47,6 @@ def begin_redirected(
                 elif m.message_type == END_DIALOG and service is None:
                     raise ConversationEnded(f"router {router_service!r} ended without an answer")
     broker.end_conversation(ask)
-    handle = broker.begin_dialog(from_service, service, contract)
+    handle = broker.begin_dialog(from_service, service, contract, encryption=encryption)
     broker.send(handle, message_type, body)
     return handle, service

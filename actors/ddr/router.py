@@ -48,6 +48,9 @@ class RouterConfig:
     classifier: str  # "module:function"
     mode: str = "forward"
     classifier_options: Mapping[str, Any] = field(default_factory=dict)
+    # the onward dialogs' ENCRYPTION (seed 003): a router set with dialog security turns it on,
+    # so a dropped binding holds messages instead of sending them in the clear
+    encryption: bool = False
 
     def __post_init__(self) -> None:
         check_name("router service", self.service)
@@ -60,6 +63,8 @@ class RouterConfig:
             raise InvalidDefinition(f"router mode {self.mode!r} is not one of {list(MODES)}")
         if not isinstance(self.classifier_options, Mapping):
             raise InvalidDefinition("classifier_options must be a dict")
+        if not isinstance(self.encryption, bool):
+            raise InvalidDefinition(f"encryption must be true or false, not {self.encryption!r}")
 
     def check_classifier(self, code_modules: Sequence[str] = ()) -> Any:
         """Import the classifier from a module the replicas allow (InvalidDefinition naming it
@@ -207,7 +212,9 @@ def _open(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Mes
         ctx.end(h)
         pair["in_ended"] = True
         return
-    out = ctx.begin(cfg.service, target, m.contract, related_group=group.group_id)
+    out = ctx.begin(
+        cfg.service, target, m.contract, related_group=group.group_id, encryption=cfg.encryption
+    )
     pair.update(out=out, out_ended=False)
     ctx.send(out, m.message_type, m.body)
 

@@ -74,6 +74,8 @@ class RouterSet:
         dialog_security: bool = False,
         transport_security: bool = False,
     ) -> None:
+        if dialog_security:  # onward dialogs held, not sent in the clear, without a binding
+            config = replace(config, encryption=True)
         self.name, self.config, self.store_dir = name, config, store_dir
         self.master_key_file = master_key_file
         self.dialog_security, self.transport_security = dialog_security, transport_security

@@ -108,7 +108,7 @@ def before_kill(mm: MirroredBroker) -> None:
     mm.create(Service("Act", "ActQueue", ["DEFAULT"]))
     _activated(mm, 10)
     mm.create_route("ToLate", "Late", None, "ray://mm-late")
-    late = Begin("Probe", "Late")
+    late = Begin("Probe", "Late", encryption=False)
     mm.apply([late, Send(late.handle, "DEFAULT", [b"%d" % i for i in range(5)])])
     timed = Begin("Probe", "Probe")
     mm.apply([timed, Timer(timed.handle, 6.0)])  # fires after the failover
@@ -153,7 +153,9 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any) -> 
     result["witness_on_head"] = (
         ray.get(witness.node.remote()) == ray.get_runtime_context().get_node_id()
     )
-    handles = front.apply([Begin("Shop", "Store") for _ in range(DIALOGS)])["handles"]
+    handles = front.apply([Begin("Shop", "Store", encryption=False) for _ in range(DIALOGS)])[
+        "handles"
+    ]
     reader = Reader(MirroredBroker("mm"))
     reader.start()
     rounds_sent = 0
@@ -278,7 +280,7 @@ def no_claim(front: Any, root: str, result: dict[str, Any]) -> None:
     ms.create(Queue("SQ"))
     ms.create(Service("S", "SQ", ["DEFAULT"]))
     front.create_route("ToS", "S", ms.info()["broker_id"], "ray://ms-a", "ray://ms-b")
-    h = front.begin_dialog("Shop", "S")
+    h = front.begin_dialog("Shop", "S", encryption=False)
     front.send(h, "DEFAULT", b"1")
     wait_until(lambda: ms.queues()["SQ"]["depth"] == 1, 60, "the first message at ms-a")
     ray.kill(ray.get_actor("ms-a", namespace="raybroker"), no_restart=True)

@@ -164,7 +164,9 @@ def stream(root: str, result: dict[str, Any], cluster: Cluster, node_a: Any, b_n
         return
     doomed = b_ids[store_node]
 
-    handles = shop.apply([Begin("Shop", "Store") for _ in range(DIALOGS)])["handles"]
+    handles = shop.apply([Begin("Shop", "Store", encryption=False) for _ in range(DIALOGS)])[
+        "handles"
+    ]
     reader = Reader(connect("mn-store"))  # its own handle: its own call order
     reader.start()
 

@@ -104,7 +104,7 @@ def place_orders(shop, n: int, lines: int = 2, first: int = 0) -> dict[str, str]
     ops = []
     for i in range(first, first + n):
         region = REGIONS[i % len(REGIONS)]
-        op = Begin("Store", "SalesRouter", "Sales")
+        op = Begin("Store", "SalesRouter", "Sales", encryption=False)
         bodies = [
             json.dumps({"region": region, "order": i, "line": k}).encode() for k in range(lines)
         ]
@@ -197,7 +197,7 @@ def test_redirect_mode_names_the_service_and_the_initiator_talks_to_it_directly(
     body = json.dumps({"region": "APAC", "order": 2, "line": 0}).encode()
 
     handle, service = begin_redirected(
-        shop, "Store", "StoreQ", "SalesRouter", "Sales", "Order", body
+        shop, "Store", "StoreQ", "SalesRouter", "Sales", "Order", body, encryption=False
     )
 
     assert service == "SalesAPAC"
@@ -276,7 +276,7 @@ def test_three_thousand_dialogs_spread_evenly_over_three_replicas(sales):
     rs = router_set(replicas=3)
     ids = {n: b.info()["broker_id"] for n, b in rs.replicas.items()}
     shop = initiators[0]
-    ops = [Begin("Store", "SalesRouter", "Sales") for _ in range(3000)]
+    ops = [Begin("Store", "SalesRouter", "Sales", encryption=False) for _ in range(3000)]
     for k in range(0, 3000, 500):
         shop.apply(ops[k : k + 500])
     far = Counter(e["far_broker"] for e in shop.endpoints() if e["far_service"] == "SalesRouter")
@@ -343,6 +343,7 @@ def test_a_spark_ingest_through_a_router_set_reaches_every_region_in_order_once(
         key="order",
         order="line",
         progress=False,
+        encryption=False,
     )
 
     assert (report.rows, report.dialogs, report.rejected) == (orders * lines, orders, [])

@@ -161,7 +161,7 @@ def test_seed_001_a_sender_whose_principal_is_unreachable_sends_nothing_to_a_par
     front.create(Queue("FQ"))
     front.create(Service("F", "FQ"))
     front.create_route("ToS", "S", handle.info()["broker_id"], f"ray://{name}-a", f"ray://{name}-b")
-    h = front.begin_dialog("F", "S")
+    h = front.begin_dialog("F", "S", encryption=False)
     front.send(h, "DEFAULT", b"1")
     wait_until(
         lambda: handle.queues()["SQ"]["depth"] == 1, 30, "the first message at the principal"

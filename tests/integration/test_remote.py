@@ -69,7 +69,7 @@ def test_a_dialog_crosses_two_brokers_and_replies_come_back(brokers):
     host(t)
     a.create_route("ToTarget", "Target", address=addr(t))
     t.create_route("ToInit", "Init", address=addr(a))
-    h = a.begin_dialog("Init", "Target")
+    h = a.begin_dialog("Init", "Target", encryption=False)
     a.apply([Send(h, "DEFAULT", [b"1", b"2", b"3"])])
     [g] = t.receive("TargetQueue", wait=10)
     assert [m.body for m in g.messages] == [b"1", b"2", b"3"]
@@ -93,7 +93,7 @@ def test_load_balancing_splits_dialogs_evenly_and_keeps_each_on_one_broker(broke
     a.create_route("RouteB", "Target", bid(db_b), addr(db_b))
     a.create_route("RouteC", "Target", bid(db_c), addr(db_c))
     a.create_route("RouteC2", "Target", bid(db_c), addr(db_c) + "")  # a second path to C
-    dialogs = [Begin("Init", "Target") for _ in range(1000)]
+    dialogs = [Begin("Init", "Target", encryption=False) for _ in range(1000)]
     a.apply([*dialogs, *(Send(d.handle, "DEFAULT", [b"a", b"b"]) for d in dialogs)])
     wait_until(lambda: sent_out(a), timeout=60, what="everything acknowledged")
     on_b, on_c = drain(db_b), drain(db_c)
@@ -112,7 +112,7 @@ def test_high_availability_through_two_gateways_survives_one_being_killed(broker
         gw.create_route("ToTarget", "Target", bid(t), addr(t), table="instance")
     a.create_route("ViaA", "Target", bid(t), addr(gw_a))
     a.create_route("ViaB", "Target", bid(t), addr(gw_b))
-    handles = a.apply([Begin("Init", "Target") for _ in range(20)])["handles"]
+    handles = a.apply([Begin("Init", "Target", encryption=False) for _ in range(20)])["handles"]
     for n in range(50):
         if n == 20:
             ray.kill(gw_a.actor, no_restart=True)  # one path goes away mid-stream
@@ -130,7 +130,7 @@ def test_four_gateways_balance_over_two_targets_and_fail_over(brokers):
     for gw, target in zip(gws, (db_b, db_b, db_c, db_c), strict=True):
         gw.create_route("On", "Target", bid(target), addr(target), table="instance")
         a.create_route(f"Via{gw.name}", "Target", bid(target), addr(gw))
-    dialogs = [Begin("Init", "Target") for _ in range(200)]
+    dialogs = [Begin("Init", "Target", encryption=False) for _ in range(200)]
     a.apply(dialogs)
     a.apply([Send(d.handle, "DEFAULT", b"first") for d in dialogs])
     ray.kill(gws[0].actor, no_restart=True)
@@ -150,7 +150,7 @@ def test_a_forwarding_loop_is_cut_by_the_hop_count(brokers):
     f1.create_route("Loop", "Target", address=addr(f2), table="instance")
     f2.create_route("Loop", "Target", address=addr(f1), table="instance")
     a.create_route("ToF1", "Target", address=addr(f1))
-    h = a.begin_dialog("Init", "Target")
+    h = a.begin_dialog("Init", "Target", encryption=False)
     a.send(h, "DEFAULT", b"round and round")
 
     def hop_limit_seen():
@@ -169,7 +169,7 @@ def test_a_delayed_dialog_is_delivered_once_a_route_is_created(brokers):
     a, t = brokers("A", "T")
     host(a)
     host(t, service="Remote")
-    h = a.begin_dialog("Init", "Remote")
+    h = a.begin_dialog("Init", "Remote", encryption=False)
     a.send(h, "DEFAULT", b"wait for me")
     wait_until(
         lambda: "route" in a.transmission_queue()[0]["transmission_status"], what="a delayed status"
@@ -188,7 +188,7 @@ def test_a_transport_route_needs_no_return_route_at_the_target(brokers):
     host(t)
     a.create_route("ToTarget", "Target", address=addr(t))
     t.create_route("Transport", address="TRANSPORT")
-    h = a.begin_dialog(initiator, "Target")
+    h = a.begin_dialog(initiator, "Target", encryption=False)
     a.send(h, "DEFAULT", b"ping")
     [g] = t.receive("TargetQueue", wait=10)
     t.commit(g, ops=[Send(g.messages[0].conversation_handle, "DEFAULT", b"pong")])
@@ -216,7 +216,7 @@ def test_a_route_to_a_broker_started_later_warns_and_its_messages_go_when_it_sta
     [warning] = a.create_route("ToTarget", "Target", address=f"ray://{t_name}")
     assert f"broker {t_name!r} is not running yet" in warning
     assert [r["name"] for r in a.routes()] == ["AutoCreatedLocal", "ToTarget"]
-    h = a.begin_dialog("Init", "Target")
+    h = a.begin_dialog("Init", "Target", encryption=False)
     a.apply([Send(h, "DEFAULT", [b"1", b"2"])])
     status = f"ray://{t_name}: broker {t_name!r} is not running; its messages wait until it starts"
     wait_until(
@@ -248,7 +248,7 @@ def test_killing_the_target_broker_mid_stream_delivers_everything_once_in_order(
     host(a)
     host(t)
     a.create_route("ToTarget", "Target", address=addr(t))
-    handles = a.apply([Begin("Init", "Target") for _ in range(100)])["handles"]
+    handles = a.apply([Begin("Init", "Target", encryption=False) for _ in range(100)])["handles"]
     rounds = 0
 
     def stream() -> None:
@@ -278,7 +278,7 @@ def test_messages_for_an_unreachable_broker_wait_and_arrive_when_it_returns(make
     host(t)
     a.create_route("ToTarget", "Target", address=f"ray://{t_name}")
     ray.kill(t.actor, no_restart=True)  # gone: not restarting
-    h = a.begin_dialog("Init", "Target")
+    h = a.begin_dialog("Init", "Target", encryption=False)
     a.apply([Send(h, "DEFAULT", [b"1", b"2"])])
 
     def waiting_with_reason():
@@ -305,7 +305,7 @@ def test_a_gateway_that_answers_but_cannot_forward_is_failed_over(brokers):
     gw_b.drop_route("AutoCreatedLocal", table="instance")  # up, but has no way to the target
     a.create_route("ViaA", "Target", bid(t), addr(gw_a))
     a.create_route("ViaB", "Target", bid(t), addr(gw_b))
-    handles = a.apply([Begin("Init", "Target") for _ in range(20)])["handles"]
+    handles = a.apply([Begin("Init", "Target", encryption=False) for _ in range(20)])["handles"]
     a.apply([Send(h, "DEFAULT", b"m") for h in handles])  # some dialogs try GatewayB first
     wait_until(lambda: sent_out(a), timeout=30, what="everything acknowledged via GatewayA")
     assert len(drain(t)) == 20

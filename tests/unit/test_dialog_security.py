@@ -106,8 +106,8 @@ def two_brokers(tmp_path, limits_a, limits_b):
     net.close()
 
 
-def begin(core, *bodies, encryption=True):
-    op = Begin("Init", "Target", "C", encryption=encryption)
+def begin(core, *bodies, **options):
+    op = Begin("Init", "Target", "C", **options)  # encryption on unless said otherwise
     core.apply([op, Send(op.handle, "Req", list(bodies))])
     return op.handle
 

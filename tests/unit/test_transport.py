@@ -139,7 +139,9 @@ def pair(net):
 
 
 def begin(core: BrokerCore, *bodies: bytes, to: str = "Target", frm: str = "Init", **kw) -> str:
-    op = Begin(frm, to, "C", **kw)
+    """A dialog from `frm` to `to` with `bodies`; encryption off (the brokers have no security
+    configured: tests/unit/test_dialog_security.py covers it)."""
+    op = Begin(frm, to, "C", **{"encryption": False, **kw})
     core.apply([op, Send(op.handle, "Req", list(bodies))] if bodies else [op])
     return op.handle
 
@@ -668,7 +670,7 @@ def balanced(net):
 def begin_many(core: BrokerCore, n: int, body: bytes = b"m0") -> list[str]:
     ops: list = []
     for _ in range(n):
-        op = Begin("Init", "Target", "C")
+        op = Begin("Init", "Target", "C", encryption=False)
         ops += [op, Send(op.handle, "Req", body)]
     core.apply(ops)
     return [op.handle for op in ops[::2]]
@@ -1453,7 +1455,15 @@ def test_an_ingest_rerun_after_both_ends_went_sends_nothing_to_the_far_broker_ag
     """A dialog begun if absent from A to B, sent AT, ended at both ends and purged at both: a
     re-run of its Begin and Send on A begins nothing and sends B nothing."""
     a, b = pair
-    op = Begin("Init", "Target", "C", handle="ingest/k", conversation_id="conv-k", if_absent=True)
+    op = Begin(
+        "Init",
+        "Target",
+        "C",
+        handle="ingest/k",
+        conversation_id="conv-k",
+        if_absent=True,
+        encryption=False,
+    )
     rerun = [op, Send(op.handle, "Req", [b"r0", b"r1"], at=0)]
     a.apply(rerun)
     net.pump()

@@ -108,7 +108,7 @@ def _open_direct(shop: Broker, dialogs: int) -> list[tuple[str, str]]:
     ops, opened = [], []
     for i in range(dialogs):
         region, body = _first_body(i)
-        op = Begin("Store", f"Sales{region}")
+        op = Begin("Store", f"Sales{region}", encryption=False)
         ops += [op, Send(op.handle, "DEFAULT", body)]
         opened.append((op.handle, region))
     shop.apply(ops)
@@ -119,7 +119,7 @@ def _open_via_router(shop: Broker, dialogs: int) -> list[tuple[str, str]]:
     ops, opened = [], []
     for i in range(dialogs):
         region, body = _first_body(i)
-        op = Begin("Store", "SalesRouter")
+        op = Begin("Store", "SalesRouter", encryption=False)
         ops += [op, Send(op.handle, "DEFAULT", body)]
         opened.append((op.handle, region))
     shop.apply(ops)
@@ -131,7 +131,7 @@ def _open_redirected(shop: Broker, dialogs: int) -> list[tuple[str, str]]:
     for i in range(dialogs):
         region, body = _first_body(i)
         handle, _ = begin_redirected(
-            shop, "Store", "StoreQ", "SalesRouter", "DEFAULT", "DEFAULT", body
+            shop, "Store", "StoreQ", "SalesRouter", "DEFAULT", "DEFAULT", body, encryption=False
         )
         opened.append((handle, region))
     return opened

@@ -86,6 +86,7 @@ class SparkIngest(threading.Thread):
                     order="pos",
                     ingest_id=f"verify-{self.seed}",
                     progress=self._view,
+                    encryption=False,  # the secured path is the workload's own
                 )
             except Exception as exc:  # Spark or the broker: try again, with the same ingest id
                 when = f"after {time.monotonic() - started:.1f}s"
