@@ -52,6 +52,19 @@ def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path, capsys)
     assert all("x direct" in r["notes"] for r in report["rows"][1:])
 
 
+@pytest.mark.slow
+def test_bench_remote_measures_secured_dialogs_beside_unsecured(ray_session, tmp_path, capsys):
+    path = tmp_path / "remote.json"
+    assert main(["bench", "remote", *SMOKE, "--secure", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "remote" and report["params"]["secure"] is True
+    variants = {r["variant"]: r for r in report["rows"] if r["system"] == "raybroker"}
+    secured = variants["two brokers, secured dialogs: send A, receive+commit B"]
+    assert secured["messages_per_s"] > 0 and "x unsecured" in secured["notes"]
+    assert all(r["messages_per_s"] > 0 for r in report["rows"])
+    assert "msg/s" in capsys.readouterr().out
+
+
 def test_an_unknown_bench_scenario_is_a_clear_error(capsys):
     assert main(["bench", "nope"]) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err
