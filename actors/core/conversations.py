@@ -17,6 +17,7 @@ from actors.errors import (
     ConversationNotFound,
     GroupLocked,
     InvalidArgument,
+    SecurityError,
 )
 from actors.ids import new_uuid
 from actors.model import checks
@@ -116,6 +117,13 @@ class Conversations(Part):
                 f"to the service's contracts or begin the dialog with one of "
                 f"{list(local_target.contracts)}"
             )
+        if op.encryption and (local_target is None or far_broker not in (None, st.broker_id)):
+            why = st.keyring.refusal(op.from_service, op.to_service, far_broker, w.now)
+            if why is not None:  # no wait would help: refused now, nothing begun
+                raise SecurityError(
+                    f"BEGIN DIALOG {op.handle} from {op.from_service!r} to {op.to_service!r} "
+                    f"with encryption on is refused: {why}"
+                )
         if op.related_conversation is not None:
             group_no = st.endpoint(op.related_conversation).group_no
         elif op.related_group is not None:

@@ -19,6 +19,7 @@ from actors.core.receiving import Receiving
 from actors.core.state import BrokerState
 from actors.core.timers import Timers
 from actors.core.work import Clock, UnitOfWork
+from actors.errors import SecurityError
 from actors.model.catalog import Catalog
 from actors.model.limits import Limits
 from actors.store.database import Store
@@ -104,7 +105,13 @@ class BrokerCore:
     def apply(self, ops: Sequence[Op], request_id: RequestId | None = None) -> dict[str, Any]:
         """BEGIN DIALOG / SEND / END CONVERSATION / BEGIN CONVERSATION TIMER, any number of each,
         in order, in one transaction. A `request_id` makes a retried call apply once."""
-        return self.uow.run(lambda w: self.conversations.apply_ops(w, ops, frozenset()), request_id)
+        try:
+            return self.uow.run(
+                lambda w: self.conversations.apply_ops(w, ops, frozenset()), request_id
+            )
+        except SecurityError as exc:  # the call changed nothing; the operator sees why
+            self.record_event("SecurityRefused", "BEGIN DIALOG", str(exc))
+            raise
 
     # --- views -----------------------------------------------------------------------------------
 

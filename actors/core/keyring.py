@@ -90,8 +90,8 @@ class Keyring:
                 for c in self.catalog.certificates.values()
                 if c.owner == service and c.private_key}  # fmt: skip
 
-    def signer(self, service: str, now: float) -> Signer | str:
-        """The newest valid certificate of `service` with its private key, or why there is none."""
+    def _signing(self, service: str, now: float) -> Certificate | str:
+        """The newest valid certificate of `service` with a private key, or why there is none."""
         mine = [c for c in self.catalog.certificates.values()
                 if c.owner == service and c.private_key]  # fmt: skip
         valid = [c for c in mine if certificates.invalid_at(self.info(c), now) is None]
@@ -105,20 +105,53 @@ class Keyring:
                 f"service {service!r} cannot sign the dialog's key offer: {why}; create a "
                 f"certificate with owner {service!r} (raybroker cert create)"
             )
-        newest = max(valid, key=lambda c: self.info(c).not_before)
-        return Signer(self.info(newest).fingerprint, self._private(newest))
+        return max(valid, key=lambda c: self.info(c).not_before)
+
+    def signer(self, service: str, now: float) -> Signer | str:
+        """The newest valid certificate of `service` with its private key, or why there is none."""
+        found = self._signing(service, now)
+        if isinstance(found, str):
+            return found
+        return Signer(self.info(found).fingerprint, self._private(found))
 
     def binding(self, ep: Endpoint) -> RemoteServiceBinding | None:
-        """The binding of `ep`'s far service: the one for the broker its dialog is bound to, if
-        there is one, else the one for any broker."""
+        return self.binding_for(ep.far_service, ep.far_broker)
+
+    def binding_for(self, service: str, broker: str | None) -> RemoteServiceBinding | None:
+        """The binding of `service`: the one for `broker` if there is one, else the one for any
+        broker."""
         found = None
         for b in self.catalog.remote_service_bindings.values():
-            if b.service == ep.far_service:
-                if b.broker_instance is not None and b.broker_instance == ep.far_broker:
+            if b.service == service:
+                if b.broker_instance is not None and b.broker_instance == broker:
                     return b
                 if b.broker_instance is None:
                     found = b
         return found
+
+    def refusal(
+        self, from_service: str, to_service: str, broker: str | None, now: float
+    ) -> str | None:
+        """Why a new dialog with encryption on from `from_service` to `to_service` (on `broker`)
+        cannot be secured however long it waits: the bound certificate is expired or not yet
+        valid, or the initiator has none valid to sign with. None: it can be (or waits for a
+        binding, saying so in its status)."""
+        if not self.catalog.remote_service_bindings:  # the common case, and a Begin's hot path
+            return None
+        binding = self.binding_for(to_service, broker)
+        if binding is None:
+            return None
+        target = self.info(self.catalog.certificates[binding.certificate])
+        if why := certificates.invalid_at(target, now):
+            return (
+                f"service {to_service!r}'s {why} (binding {binding.name!r}); import its new "
+                "certificate and alter the binding to it"
+            )
+        if not binding.anonymous:
+            found = self._signing(from_service, now)
+            if isinstance(found, str):
+                return found
+        return None
 
     # --- dialogs -----------------------------------------------------------------------------
 

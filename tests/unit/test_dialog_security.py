@@ -10,7 +10,7 @@ import pytest
 
 from actors.calls.envelope import Begin, Send
 from actors.core import Limits
-from actors.errors import InvalidDefinition
+from actors.errors import InvalidDefinition, SecurityError
 from actors.model.catalog import ERROR
 from actors.model.credentials import BROKER, Certificate, Grant, RemoteServiceBinding
 from actors.model.dialogs import parse_error_body
@@ -259,14 +259,20 @@ def test_a_restarted_initiator_seals_with_the_key_it_stored(pair, tmp_path, mast
     assert b"BEGIN PRIVATE KEY" not in raw
 
 
-def test_an_expired_target_certificate_holds_new_dialogs_with_a_status(pair):
+def test_an_expired_target_certificate_refuses_new_dialogs_and_holds_one_already_begun(pair):
     net, a, b = pair
     secure(a, b)
+    waiting = begin(a, SECRET)  # begun while the certificate is valid; not sent yet
     net.clock.advance(31 * 86400)
-    begin(a, SECRET)
+    with pytest.raises(SecurityError, match=r"expired .*\(binding 'ToTarget'\)"):
+        begin(a, b"new")
+    assert [e["conversation_handle"] for e in a.endpoints_view()] == [waiting]  # nothing begun
+    [event] = [e for e in a.events_view() if e["kind"] == "SecurityRefused"]
+    assert "BEGIN DIALOG" in event["detail"] and "'Target'" in event["detail"]
     net.pump()
-    [row] = a.transmission_view()
+    [row] = a.transmission_view()  # the one begun before: it waits, saying why
     status = row["transmission_status"]
+    assert row["conversation_handle"] == waiting
     assert "expired" in status and "binding 'ToTarget'" in status
 
 
@@ -306,7 +312,7 @@ def test_a_rotated_certificate_serves_new_dialogs_while_secured_ones_continue(pa
     assert new in {e["conversation_handle"] for e in a.endpoints_view()}
 
 
-def test_an_initiator_whose_certificate_expired_cannot_sign_and_its_dialog_waits(pair):
+def test_an_initiator_whose_certificate_expired_cannot_begin_a_secured_dialog(pair):
     net, a, b = pair
     secure(a, b)
     # the target's own certificate is renewed for longer; the initiator's is left to expire
@@ -314,11 +320,14 @@ def test_an_initiator_whose_certificate_expired_cannot_sign_and_its_dialog_waits
     a.create(Certificate("TargetCert2", pem(b, "TargetCert2")))
     a.alter("remote_service_binding", "ToTarget", {"certificate": "TargetCert2"})
     net.clock.advance(31 * 86400)
-    begin(a, SECRET)
-    net.pump()
-    [row] = a.transmission_view()  # the initiator cannot sign: it waits, saying why
+    with pytest.raises(SecurityError, match="'Init' cannot sign the dialog's key offer.*expired"):
+        begin(a, SECRET)
+    assert a.endpoints_view() == [] and a.transmission_view() == []
+    assert "SecurityRefused" in kinds(a) and b.endpoints_view() == []
+    begin(a, b"off", encryption=False)  # encryption off: sealed whenever bound, so it
+    net.pump()  # waits too, saying why
+    [row] = a.transmission_view()
     assert "cannot sign" in row["transmission_status"] and "expired" in row["transmission_status"]
-    assert b.endpoints_view() == []
 
 
 def test_a_service_on_two_brokers_is_bound_per_broker_and_each_opens_its_own(tmp_path, master):
