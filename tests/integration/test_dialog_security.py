@@ -1,15 +1,20 @@
-"""Dialog security on brokers over Ray (seed 003): an initiator, a forwarder and a target, each a
+"""Dialog security on brokers over Ray (seed 003): initiators, forwarders and targets, each a
 broker actor with its SQLite file. A secured dialog's bodies never appear in the forwarder's
 files, nor on the far side of any broker but its two endpoints'; a dialog begun with encryption
 on waits, saying why, until its far service is bound; a broker that is not granted SEND gets a
-typed Error."""
+typed Error; a hop that changes a body in flight gets it refused and the original delivered
+once, a replay nothing; an expired certificate refuses new dialogs; rotation and anonymous
+bindings lose and double nothing."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
+import msgpack
 import pytest
+import ray
 
 from actors import (
     Begin,
@@ -21,6 +26,8 @@ from actors import (
     Send,
     Service,
 )
+from actors.errors import SecurityError
+from actors.security import certificates
 from actors.transport.wire import SECURITY_REFUSED
 from tests.polling import wait_until
 
@@ -185,3 +192,146 @@ def test_a_broker_that_takes_calls_only_from_trusted_brokers_refuses_one_without
     t.create(Grant("ShopBrokerMayConnect", BROKER, "ShopBroker"))
     [g] = t.receive("Q", wait=20)  # the retransmission, signed and trusted now
     assert [m.body for m in g.messages] == [b"first"]
+
+
+@ray.remote(num_cpus=0)
+class TamperingHop:
+    """A route's next hop that is not a broker: it relays every call to broker `target`; armed,
+    it flips one byte of the next sealed body it carries. It keeps the first sealed call it
+    relayed, to replay it later."""
+
+    def __init__(self, target: str, namespace: str) -> None:
+        self.target = ray.get_actor(target, namespace=namespace)
+        self.armed = False
+        self.first: bytes | None = None
+
+    def arm(self) -> None:
+        self.armed = True
+
+    async def deliver(self, blob: bytes) -> bytes:
+        bundles = msgpack.unpackb(blob, raw=False)
+        sealed = [b for b in bundles if len(b) == 14 and b[13] is not None]
+        if sealed and self.first is None:
+            self.first = blob
+        elif sealed and self.armed:
+            self.armed = False
+            body = bytearray(sealed[0][13][1])
+            body[len(body) // 2] ^= 0x01
+            sealed[0][13][1] = bytes(body)
+            blob = msgpack.packb(bundles, use_bin_type=True)
+        return await self.target.deliver.remote(blob)
+
+    async def replay(self) -> bytes:
+        return await self.target.deliver.remote(self.first)
+
+
+@pytest.fixture
+def two(make_broker, tmp_path):
+    """I (service Shop) and T (service Orders), each routing to the other directly."""
+    key = tmp_path / "master.key"
+    key.write_bytes(b"the operator's master key, 32 b.")
+    tag = uuid.uuid4().hex[:6]
+    i, t = (make_broker(name=f"{r}-{tag}", limits={"master_key_file": str(key)}) for r in "IT")
+    for b, svc, contracts in ((i, "Shop", []), (t, "Orders", ["DEFAULT"])):
+        b.create(Queue("Q"))
+        b.create(Service(svc, "Q", contracts))
+    i.create_route("ToOrders", "Orders", t.info()["broker_id"], f"ray://{t.name}")
+    t.create_route("ToShop", "Shop", i.info()["broker_id"], f"ray://{i.name}")
+    return i, t
+
+
+def bodies_by_dialog(b, wanted: int, queue: str = "Q") -> dict[str, list[bytes]]:
+    """Receive and commit until `wanted` messages came: each dialog's bodies, in order."""
+    got: dict[str, list[bytes]] = {}
+
+    def enough() -> bool:
+        for g in b.receive(queue, max_groups=10, wait=0.5):
+            for m in g.messages:
+                got.setdefault(m.conversation_handle, []).append(m.body)
+            b.commit(g)
+        return sum(map(len, got.values())) >= wanted
+
+    wait_until(enough, timeout=30, what=f"{wanted} messages at {b.name}")
+    return got
+
+
+@pytest.mark.slow
+def test_a_body_changed_in_flight_is_refused_the_original_delivered_once_a_replay_not_at_all(
+    two,
+):
+    i, t = two
+    secure(i, t)
+    name = f"hop-{uuid.uuid4().hex[:6]}"
+    hop = TamperingHop.options(name=name, namespace=i.namespace).remote(t.name, t.namespace)
+    ray.get(hop.__ray_ready__.remote())
+    i.alter_route("ToOrders", address=f"ray://{name}")  # I -> hop -> T; T answers I directly
+    h = i.begin_dialog("Shop", "Orders")
+    i.send(h, "DEFAULT", b"m0")
+    assert list(bodies_by_dialog(t, 1).values()) == [[b"m0"]]
+    ray.get(hop.arm.remote())
+    i.send(h, "DEFAULT", b"m1: " + SECRET)
+    wait_until(lambda: any(e["kind"] == "SecurityRefused" for e in t.events()),
+               what="the changed bundle refused")  # fmt: skip
+    # the sender had no acknowledgement for it: its retransmission of the original goes once
+    assert list(bodies_by_dialog(t, 1).values()) == [[b"m1: " + SECRET]]
+    [refused] = [e for e in t.events() if e["kind"] == "SecurityRefused"]
+    [endpoint] = t.endpoints()
+    assert endpoint["conversation_id"] in refused["detail"]
+    ray.get(hop.replay.remote())  # m0's call again, exactly as it first crossed
+    assert t.receive("Q", wait=1.0) == []
+    wait_until(lambda: i.transmission_queue() == [], what="I's messages acknowledged")
+    assert [e["kind"] for e in t.events()].count("SecurityRefused") == 1
+
+
+@pytest.mark.slow
+def test_an_expired_certificate_refuses_new_dialogs_with_a_typed_error_and_an_event(two):
+    i, t = two
+    secure(i, t)
+    before = i.begin_dialog("Shop", "Orders")  # begun while the binding's certificate is valid
+    expired, _ = certificates.make("Orders", 1, time.time() - 3 * 86400)
+    i.create(Certificate("OrdersExpired", expired))
+    i.alter("remote_service_binding", "ToOrders", certificate="OrdersExpired")
+    with pytest.raises(SecurityError, match=r"expired .*binding 'ToOrders'"):
+        i.begin_dialog("Shop", "Orders")
+    assert [e["conversation_handle"] for e in i.endpoints()] == [before]
+    [event] = [e for e in i.events() if e["kind"] == "SecurityRefused"]
+    assert "BEGIN DIALOG" in event["detail"] and "'Orders'" in event["detail"]
+    i.send(before, "DEFAULT", b"held")  # its offer would name the expired one: it waits
+    wait_until(lambda: "expired" in str(i.transmission_queue()), what="a status naming expiry")
+    i.alter("remote_service_binding", "ToOrders", certificate="OrdersCert")
+    assert list(bodies_by_dialog(t, 1).values()) == [[b"held"]]
+
+
+@pytest.mark.slow
+def test_rotation_with_dialogs_in_flight_delivers_every_message_once_in_order(two):
+    i, t = two
+    secure(i, t)
+    old = [i.begin_dialog("Shop", "Orders") for _ in range(3)]
+    for n in range(20):
+        i.apply([Send(h, "DEFAULT", f"old {n}".encode()) for h in old])
+        if n == 10:  # the target's successor certificate; the initiator rebinds to it
+            t.create(Certificate("OrdersCert2", owner="Orders", days=60))
+            i.create(Certificate("OrdersCert2", pem(t, "OrdersCert2")))
+            i.alter("remote_service_binding", "ToOrders", certificate="OrdersCert2")
+            new = [i.begin_dialog("Shop", "Orders") for _ in range(3)]
+        if n > 10:
+            i.apply([Send(h, "DEFAULT", f"new {n}".encode()) for h in new])
+    got = bodies_by_dialog(t, 3 * 20 + 3 * 9)
+    assert sorted(got.values()) == sorted(
+        [[f"new {n}".encode() for n in range(11, 20)]] * 3
+        + [[f"old {n}".encode() for n in range(20)]] * 3
+    )
+    assert all(e["secured"] for e in t.endpoints())
+
+
+@pytest.mark.slow
+def test_an_anonymous_binding_secures_a_dialog_from_a_service_without_a_certificate(two):
+    i, t = two
+    t.create(Certificate("OrdersCert", owner="Orders", days=30))
+    i.create(Certificate("OrdersCert", pem(t, "OrdersCert")))
+    i.create(RemoteServiceBinding("ToOrders", "Orders", "OrdersCert", anonymous=True))
+    t.create(Grant("AnyoneMaySend", "Orders", "public"))
+    h = i.begin_dialog("Shop", "Orders")
+    i.send(h, "DEFAULT", SECRET)
+    assert list(bodies_by_dialog(t, 1).values()) == [[SECRET]]
+    assert [e["secured"] for e in t.endpoints()] == [True]
