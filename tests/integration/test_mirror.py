@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors import Queue, Service
+from actors import Certificate, Queue, Send, Service
 from actors.errors import (
     InvalidArgument,
     MirrorCallerRefused,
@@ -33,6 +33,7 @@ from actors.remote.mirrored import (
     start_mirrored_broker,
     stop_mirrored_broker,
 )
+from actors.remote.trust import secure_dialogs
 from actors.remote.witness import WitnessActor
 from actors.tools.cli import main
 from actors.tools.mirror import summary
@@ -208,6 +209,54 @@ def test_the_principals_process_dies_mid_stream_and_every_answered_send_is_kept_
     wait_until(lambda: mirror_status(name)["synchronized"], 60, "both partners in step again")
     status = mirror_status(name)
     assert {p["role"] for p in status["partners"].values()} == {"principal", "mirror"}
+
+
+@pytest.mark.slow
+def test_a_secured_dialog_to_a_mirrored_broker_goes_on_sealed_after_failover(
+    mirrored, make_broker, tmp_path
+):
+    """The mirror holds the dialog's session key (sealed, as the principal stored it) and the
+    service's certificate: after the principal dies it opens the rest of the dialog and seals
+    its reply; the stores hold private keys only sealed under the master key."""
+    key = tmp_path / "master.key"
+    key.write_bytes(b"one master key for the whole pair")
+    limits = {"master_key_file": str(key)}
+    name, mm = mirrored(force=True, limits=limits)
+    mm.create(Queue("SQ"))
+    mm.create(Service("S", "SQ", ["DEFAULT"]))
+    front = make_broker(limits=limits)
+    front.create(Queue("FQ"))
+    front.create(Service("F", "FQ"))
+    front.create_route("ToS", "S", mm.info()["broker_id"], f"ray://{name}-a", f"ray://{name}-b")
+    mm.create_route("ToF", "F", front.info()["broker_id"], f"ray://{front.name}")
+    mm.create(Certificate("SCert", owner="S", days=30))
+    front.create(Certificate("FCert", owner="F", days=30))
+    secure_dialogs(front, "F", mm, "S")
+    h = front.begin_dialog("F", "S")
+    for i in range(10):
+        front.send(h, "DEFAULT", b"%d" % i)
+    wait_until(lambda: mm.queues()["SQ"]["depth"] == 10, 30, "the first ten at the principal")
+    first = mm.name
+    ray.kill(ray.get_actor(first, namespace="raybroker"), no_restart=True)
+    for i in range(10, 20):
+        front.send(h, "DEFAULT", b"%d" % i)
+    after = mm  # the handle follows the partner that takes over
+    bodies: list[bytes] = []
+
+    def all_there() -> bool:
+        for g in after.receive("SQ", wait=1):
+            bodies.extend(m.body for m in g.messages)
+            target = g.messages[0].conversation_handle
+            after.commit(g, ops=[Send(target, "DEFAULT", b"receipt %d" % len(bodies))])
+        return len(bodies) >= 20
+
+    wait_until(all_there, 60, "all twenty at the partner that took over")
+    assert after.name != first
+    assert bodies == [b"%d" % i for i in range(20)]  # none lost, doubled or out of order
+    assert [e["secured"] for e in after.endpoints()] == [True]
+    wait_until(lambda: front.receive("FQ", wait=1), 30, "a receipt, sealed by the new principal")
+    files = b"".join(p.read_bytes() for p in tmp_path.glob(f"{name}-*.sqlite*"))
+    assert b"BEGIN PRIVATE KEY" not in files and b"BEGIN ENCRYPTED PRIVATE KEY" in files
 
 
 @pytest.mark.slow
