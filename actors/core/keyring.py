@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from actors.errors import SecurityError
 from actors.model.catalog import Catalog
@@ -18,11 +19,17 @@ from actors.model.limits import Limits
 from actors.security import certificates
 from actors.security.certificates import CertInfo
 from actors.security.sessions import (
+    CALL_KEY_LIFETIME_S,
+    EXCHANGE_LIFETIME_S,
     Accepted,
+    CallKey,
+    Exchange,
     Session,
     Signer,
     accept,
     call_bundles,
+    call_key,
+    exchange,
     new_session_key,
     offer,
     open_call,
@@ -30,6 +37,8 @@ from actors.security.sessions import (
     unwrap_key,
     wrap_key,
 )
+
+MAX_OPENED = 10_000  # key-exchange keys, and callers' call keys, a broker keeps checked
 
 
 class Keyring:
@@ -40,6 +49,13 @@ class Keyring:
         self.sessions: dict[int, tuple[Session, bytes]] = {}  # endpoint no -> (session, key)
         self._infos: dict[str, CertInfo] = {}  # PEM -> what it says
         self._keys: dict[str, rsa.RSAPrivateKey] = {}  # fingerprint -> opened private key
+        # key-exchange keys (actors.security.sessions.Exchange): those this broker offers, by
+        # (service, far service, target and signer fingerprints); those it opened, by head
+        self._exchanges: dict[tuple[str, str, str, str | None], Exchange] = {}
+        self._opened: dict[tuple[str, str, bytes], bytes] = {}
+        # call keys (transport security): this broker's own, and its callers' it checked
+        self._call_keys: dict[tuple[str, str], CallKey] = {}
+        self._callers: dict[tuple[str, bytes], Ed25519PublicKey] = {}
 
     def master(self) -> bytes:
         """The master key; SecurityError saying how to give one if the broker has none."""
@@ -202,16 +218,22 @@ class Keyring:
             if isinstance(found, str):
                 return found
             signer = found
-        return offer(key, ep.conversation_id, ep.service, ep.far_service, target, signer)
+        pair = (ep.service, ep.far_service, target.fingerprint, signer and signer.fingerprint)
+        ex = self._exchanges.get(pair)
+        if ex is None or not 0 <= now - ex.made_at < EXCHANGE_LIFETIME_S:
+            ex = self._exchanges[pair] = exchange(ep.service, ep.far_service, target, signer, now)
+        return offer(key, ep.conversation_id, ep.service, ep.far_service, ex)
 
     def accept(
         self, blob: bytes, conversation_id: str, from_service: str, to_service: str, now: float
     ) -> Accepted:
         """Open a dialog's key offer for local service `to_service` (SecurityError: refused)."""
         granted = {g.certificate for g in self.catalog.grants.values() if g.service == to_service}
+        if len(self._opened) >= MAX_OPENED:  # many initiators, or many rotations: start over
+            self._opened.clear()
         return accept(blob, conversation_id, from_service, to_service,
                       self.own_keys(to_service), self.known(), granted.__contains__,
-                      now)  # fmt: skip
+                      now, self._opened)  # fmt: skip
 
     # --- transport security ----------------------------------------------------------------
 
@@ -221,7 +243,12 @@ class Keyring:
                    for c in self.catalog.certificates.values()):  # fmt: skip
             return blob
         found = self.signer(BROKER, now)
-        return blob if isinstance(found, str) else sign_call(blob, sender, to, found)
+        if isinstance(found, str):
+            return blob
+        ck = self._call_keys.get((sender, found.fingerprint))
+        if ck is None or not 0 <= now - ck.made_at < CALL_KEY_LIFETIME_S:
+            ck = self._call_keys[(sender, found.fingerprint)] = call_key(sender, found, now)
+        return sign_call(blob, sender, to, ck)
 
     def open_call(self, blob: bytes, me: str, now: float) -> bytes:
         """The bundles of a call that reached broker `me`; SecurityError if this broker does
@@ -230,7 +257,9 @@ class Keyring:
         if not self.limits.transport_security:
             return call_bundles(blob)
         granted = {g.certificate for g in self.catalog.grants.values() if g.service == BROKER}
-        opened = open_call(blob, me, self.known(), granted.__contains__, now)
+        if len(self._callers) >= MAX_OPENED:
+            self._callers.clear()
+        opened = open_call(blob, me, self.known(), granted.__contains__, now, self._callers)
         if opened is not None:
             return opened[1]
         raise SecurityError(

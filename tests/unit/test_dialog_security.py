@@ -223,6 +223,21 @@ def test_a_body_changed_in_flight_is_refused_and_the_original_resend_delivered_o
     assert take(b, "TargetQ") == []
 
 
+def test_dialogs_between_the_same_services_share_one_key_exchange(pair):
+    """The RSA work once per pair of services: every dialog's offer carries the same exchange
+    head, each its own session key."""
+    net, a, b = pair
+    secure(a, b)
+    wire = Wire(net)
+    for i in range(3):
+        begin(a, b"order %d" % i)
+    net.pump()
+    assert sorted(m.body for m in take(b, "TargetQ")) == [b"order 0", b"order 1", b"order 2"]
+    offers = [msgpack.unpackb(bd[13][0]) for bd in wire.bundles() if bd[13][0] is not None]
+    assert len(offers) == 3 and len({o[1] for o in offers}) == 1
+    assert len({o[2] for o in offers}) == 3
+
+
 def test_a_replayed_bundle_delivers_nothing_twice_and_a_moved_body_is_refused(pair):
     net, a, b = pair
     secure(a, b)
@@ -304,7 +319,8 @@ def test_a_rotated_certificate_serves_new_dialogs_while_secured_ones_continue(pa
         by_dialog.setdefault(m.conversation_id, []).append(m.body)
     assert sorted(by_dialog.values()) == [[b"new 0"], [b"old 0", b"old 1"]]
     # each dialog's key offer named the certificate bound when it began
-    offered = [msgpack.unpackb(bd[13][0])[1] for bd in wire.bundles() if bd[13][0] is not None]
+    heads = [msgpack.unpackb(bd[13][0])[1] for bd in wire.bundles() if bd[13][0] is not None]
+    offered = [msgpack.unpackb(head)[0] for head in heads]
     fingerprint = {
         n: certificates.read(pem(b, n)).fingerprint for n in ("TargetCert", "TargetCert2")
     }

@@ -15,11 +15,16 @@ from actors.errors import InvalidDefinition, SecurityError
 from actors.security import certificates as certs
 from actors.security.sessions import (
     ANONYMOUS,
+    CALL_KEY_MAX_AGE_S,
     Session,
     Signer,
     accept,
+    call_key,
+    exchange,
     new_session_key,
     offer,
+    open_call,
+    sign_call,
     unwrap_key,
     wrap_key,
 )
@@ -140,7 +145,13 @@ def test_the_master_key_comes_from_a_file_or_the_environment(tmp_path, monkeypat
 # --- key offers ------------------------------------------------------------------------------
 
 
-def _accept(blob, target, known, granted=("ShopCert",), conv="conv-1", now=NOW):
+def _offer(key, target, signer, conv="conv-1", ex=None):
+    """`key` offered for dialog `conv` from Shop to Orders (a new exchange key unless `ex`)."""
+    ex = ex or exchange("Shop", "Orders", target[2], signer, NOW)
+    return offer(key, conv, "Shop", "Orders", ex)
+
+
+def _accept(blob, target, known, granted=("ShopCert",), conv="conv-1", now=NOW, opened=None):
     return accept(
         blob,
         conv,
@@ -150,6 +161,7 @@ def _accept(blob, target, known, granted=("ShopCert",), conv="conv-1", now=NOW):
         known,
         lambda name: name in granted,
         now,
+        opened,
     )
 
 
@@ -161,14 +173,14 @@ def _known(target, initiator):
 def test_a_signed_offer_gives_the_target_the_session_key_and_names_its_signer(target, initiator):
     key = new_session_key()
     signer = Signer(initiator[2].fingerprint, initiator[1])
-    blob = offer(key, "conv-1", "Shop", "Orders", target[2], signer)
+    blob = _offer(key, target, signer)
     got = _accept(blob, target, _known(target, initiator))
     assert got.session_key == key and got.signer == "ShopCert"
     assert key not in blob  # the session key travels encrypted
 
 
 def test_an_anonymous_offer_needs_send_granted_to_public(target, initiator):
-    blob = offer(new_session_key(), "conv-1", "Shop", "Orders", target[2], None)
+    blob = _offer(new_session_key(), target, None)
     with pytest.raises(SecurityError, match="'public' is not granted SEND on service 'Orders'"):
         _accept(blob, target, _known(target, initiator))
     assert _accept(blob, target, {}, granted=(ANONYMOUS,)).signer == ANONYMOUS
@@ -176,7 +188,7 @@ def test_an_anonymous_offer_needs_send_granted_to_public(target, initiator):
 
 def test_an_offer_is_refused_without_the_grant_the_signer_or_the_targets_key(target, initiator):
     signer = Signer(initiator[2].fingerprint, initiator[1])
-    blob = offer(new_session_key(), "conv-1", "Shop", "Orders", target[2], signer)
+    blob = _offer(new_session_key(), target, signer)
     with pytest.raises(SecurityError, match="'ShopCert' is not granted SEND"):
         _accept(blob, target, _known(target, initiator), granted=())
     with pytest.raises(SecurityError, match="does not know"):
@@ -188,8 +200,8 @@ def test_an_offer_is_refused_without_the_grant_the_signer_or_the_targets_key(tar
 
 def test_an_offer_moved_to_another_dialog_or_service_does_not_verify(target, initiator):
     signer = Signer(initiator[2].fingerprint, initiator[1])
-    blob = offer(new_session_key(), "conv-1", "Shop", "Orders", target[2], signer)
-    with pytest.raises(SecurityError, match="signature does not verify"):
+    blob = _offer(new_session_key(), target, signer)
+    with pytest.raises(SecurityError, match="cannot be opened"):  # the session key's binding
         _accept(blob, target, _known(target, initiator), conv="conv-2")
     with pytest.raises(SecurityError, match="signature does not verify"):
         accept(blob, "conv-1", "Other", "Orders", {target[2].fingerprint: target[1]},
@@ -198,7 +210,7 @@ def test_an_offer_moved_to_another_dialog_or_service_does_not_verify(target, ini
 
 def test_an_offer_signed_by_an_expired_certificate_is_refused(target, initiator):
     signer = Signer(initiator[2].fingerprint, initiator[1])
-    blob = offer(new_session_key(), "conv-1", "Shop", "Orders", target[2], signer)
+    blob = _offer(new_session_key(), target, signer)
     with pytest.raises(SecurityError, match="expired at"):
         _accept(blob, target, _known(target, initiator), now=NOW + 31 * 86400)
 
@@ -213,13 +225,86 @@ def test_an_offer_whose_wrapped_key_was_changed_is_refused(target, initiator):
     import msgpack
 
     signer = Signer(initiator[2].fingerprint, initiator[1])
-    blob = offer(new_session_key(), "conv-1", "Shop", "Orders", target[2], signer)
-    fields = msgpack.unpackb(blob)
-    wrapped = bytearray(fields[3])
+    blob = _offer(new_session_key(), target, signer)
+    version, head, wrapped_session = msgpack.unpackb(blob)
+    fields = msgpack.unpackb(head)
+    wrapped = bytearray(fields[2])
     wrapped[10] ^= 1
-    fields[3] = bytes(wrapped)
+    fields[2] = bytes(wrapped)
+    changed = msgpack.packb([version, msgpack.packb(fields), wrapped_session])
     with pytest.raises(SecurityError, match="signature does not verify"):
-        _accept(msgpack.packb(fields), target, _known(target, initiator))
+        _accept(changed, target, _known(target, initiator))
+    session = bytearray(wrapped_session)
+    session[-1] ^= 1
+    with pytest.raises(SecurityError, match="cannot be opened"):
+        _accept(msgpack.packb([version, head, bytes(session)]), target, _known(target, initiator))
+
+
+def test_one_exchange_key_serves_many_dialogs_each_offer_bound_to_its_own(target, initiator):
+    """The RSA work once per exchange key: later offers reuse the head the target opened, yet
+    each session key opens only for its own dialog, and the signer and grant are checked every
+    time."""
+    import msgpack
+
+    signer = Signer(initiator[2].fingerprint, initiator[1])
+    ex = exchange("Shop", "Orders", target[2], signer, NOW)
+    keys = [new_session_key() for _ in range(3)]
+    blobs = [_offer(k, target, signer, f"conv-{i}", ex) for i, k in enumerate(keys)]
+    assert len({msgpack.unpackb(b)[1] for b in blobs}) == 1  # one head, sent with each
+    opened: dict = {}
+    known = _known(target, initiator)
+    for i, (k, b) in enumerate(zip(keys, blobs, strict=True)):
+        assert _accept(b, target, known, conv=f"conv-{i}", opened=opened).session_key == k
+    assert list(opened.values()) == [ex.key]  # opened once, kept
+    with pytest.raises(SecurityError, match="cannot be opened"):  # moved to another dialog
+        _accept(blobs[1], target, known, conv="conv-2", opened=opened)
+    with pytest.raises(SecurityError, match="not granted SEND"):
+        _accept(blobs[2], target, known, conv="conv-2", opened=opened, granted=())
+    without_signer = {target[2].fingerprint: ("OrdersCert", target[2])}
+    with pytest.raises(SecurityError, match="does not know"):
+        _accept(blobs[2], target, without_signer, conv="conv-2", opened=opened)
+    with pytest.raises(SecurityError, match="expired at"):
+        _accept(blobs[2], target, known, conv="conv-2", opened=opened, now=NOW + 31 * 86400)
+
+
+# --- signed calls (transport security) ---------------------------------------------------
+
+
+def test_calls_signed_with_a_call_key_open_with_their_senders_identity_checked_once(initiator):
+    import msgpack
+
+    identity = Signer(initiator[2].fingerprint, initiator[1])
+    ck = call_key("broker-a", identity, NOW)
+    known = {initiator[2].fingerprint: ("AIdentity", initiator[2])}
+    opened: dict = {}
+
+    def open_(blob, granted=("AIdentity",), now=NOW, known=known, me="B"):
+        return open_call(blob, me, known, lambda n: n in granted, now, opened)
+
+    calls = [sign_call(b"bundles %d" % i, "broker-a", "B", ck) for i in range(3)]
+    assert [open_(c) for c in calls] == [("AIdentity", b"bundles %d" % i) for i in range(3)]
+    assert len(opened) == 1  # the call key's RSA signature checked once
+    fields = msgpack.unpackb(calls[0], raw=False)
+    fields[5] = b"bundles changed"
+    with pytest.raises(SecurityError, match="does not verify against its call key"):
+        open_(msgpack.packb(fields, use_bin_type=True))
+    with pytest.raises(SecurityError, match="signed for broker 'B' arrived at 'C'"):
+        open_(calls[0], me="C")
+    with pytest.raises(SecurityError, match="not granted CONNECT"):
+        open_(calls[0], granted=())
+    with pytest.raises(SecurityError, match="does not know"):  # its identity dropped since
+        open_(calls[0], known={})
+    late = call_key("broker-a", identity, NOW + 30 * 86400 - 60)  # just before it expired
+    open_(sign_call(b"x", "broker-a", "B", late), now=NOW + 30 * 86400 - 30)
+    with pytest.raises(SecurityError, match="expired at"):  # checked again, the key cached
+        open_(sign_call(b"y", "broker-a", "B", late), now=NOW + 30 * 86400 + 60)
+    old = call_key("broker-a", identity, NOW - CALL_KEY_MAX_AGE_S - 1)
+    with pytest.raises(SecurityError, match="too old"):
+        open_(sign_call(b"x", "broker-a", "B", old))
+    stranger = certs.make("Stranger", 30, NOW)
+    forged = call_key("broker-a", Signer(initiator[2].fingerprint, stranger[1]), NOW)
+    with pytest.raises(SecurityError, match="signature does not verify"):
+        open_(sign_call(b"x", "broker-a", "B", forged))
 
 
 # --- sealed messages -----------------------------------------------------------------------
