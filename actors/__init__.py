@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from actors import compiled  # noqa: F401
 from actors.activation import HandlerContext
 from actors.calls.envelope import Begin, End, Message, ReceivedGroup, Send, Timer
+from actors.client.handle import BrokerHandle
 from actors.client.local import LocalBroker
-from actors.client.verbs import BrokerHandle
 from actors.errors import (
     AlreadyExists,
     BrokerError,

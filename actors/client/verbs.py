@@ -3,13 +3,14 @@
 `Verbs` turns a call into (method, wire arguments) and hands it to `_call`, which the Ray handle
 (`actors.remote.client.Broker`) sends to the broker actor and the in-process handle
 (`actors.client.local.LocalBroker`) runs on its own event loop: the same encoding, the same service
-methods. `BrokerHandle` is the typed surface both implement. Plain Python, no Ray.
+methods (`actors.client.handle.BrokerHandle`: the typed surface both implement). Plain Python,
+no Ray.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from actors.calls.envelope import (
     Begin,
@@ -345,6 +346,18 @@ class Verbs:
         """Broker settings: `forwarding=True` relays arriving messages by the instance routes."""
         return self._call("configure", forwarding)
 
+    def retry_transmission(self, conversation_handle: str | None = None) -> Any:
+        """Send the transmission queue's waiting messages (of one dialog, or all) now, not after
+        their backoff; returns how many were waiting. Recorded as a TransmissionRetried event."""
+        if conversation_handle is not None:
+            check_name("conversation handle", conversation_handle)
+        return self._call("retry_transmission", conversation_handle)
+
+    def record_event(self, kind: str, subject: str, detail: str = "") -> Any:
+        """Record an operator event (what a person or a tool did, for the next one to read in
+        `events()`): `kind` a name, `subject` what it concerns, `detail` what happened."""
+        return self._call("record_event", kind, subject, detail)
+
     # --- views -----------------------------------------------------------------------------------
 
     def info(self) -> Any:
@@ -390,109 +403,3 @@ class Verbs:
         check_name("queue", queue)
         check_name("service", service)
         return self._call("view", "router", {"queue": queue, "service": service})
-
-
-class BrokerHandle(Protocol):
-    """What a broker handle offers, typed: `Broker` (a Ray actor) and `LocalBroker` (in this
-    process) both have exactly these verbs."""
-
-    name: str
-
-    def create(self, definition: Definition, *, request_id: str | None = None) -> None: ...
-    def alter(
-        self, kind: str | type, name: str, *, request_id: str | None = None, **changes: Any
-    ) -> None: ...
-    def drop(self, kind: str | type, name: str, *, request_id: str | None = None) -> None: ...
-    def apply(self, ops: Sequence[Op], *, request_id: str | None = None) -> dict[str, Any]: ...
-    def begin_dialog(
-        self,
-        from_service: str,
-        to_service: str,
-        contract: str = "DEFAULT",
-        *,
-        related_conversation: str | None = None,
-        related_group: str | None = None,
-        lifetime: float | None = None,
-        to_broker: str | None = None,
-        encryption: bool = True,
-    ) -> str: ...
-    def send(
-        self, handles: str | Sequence[str], message_type: str, body: bytes = b""
-    ) -> dict[str, Any]: ...
-    def end_conversation(
-        self, handle: str, *, error: int | None = None, description: str = "", cleanup: bool = False
-    ) -> dict[str, Any]: ...
-    def begin_conversation_timer(self, handle: str, timeout: float) -> dict[str, Any]: ...
-    def move_conversation(self, handle: str, group_id: str) -> None: ...
-    def receive(
-        self,
-        queue: str,
-        *,
-        wait: float = 0.0,
-        max_groups: int = 1,
-        top: int | None = None,
-        group_id: str | None = None,
-        handle: str | None = None,
-        lock: LockRef | None = None,
-        lease: float | None = None,
-        commit: Iterable[LockRef] = (),
-        rollback: Iterable[LockRef] = (),
-        ops: Sequence[Op] = (),
-        states: Mapping[str, bytes | None] | None = None,
-        reader: str | None = None,
-    ) -> list[ReceivedGroup]: ...
-    def get_conversation_group(
-        self, queue: str, *, wait: float = 0.0, lease: float | None = None
-    ) -> tuple[str, str] | None: ...
-    def settle(
-        self,
-        commit: Iterable[LockRef] = (),
-        rollback: Iterable[LockRef] = (),
-        *,
-        ops: Sequence[Op] = (),
-        states: Mapping[str, bytes | None] | None = None,
-        request_id: str | None = None,
-    ) -> dict[str, Any]: ...
-    def commit(
-        self,
-        groups: Iterable[LockRef] | LockRef,
-        *,
-        ops: Sequence[Op] = (),
-        states: Mapping[str, bytes | None] | None = None,
-        request_id: str | None = None,
-    ) -> dict[str, Any]: ...
-    def rollback(
-        self, groups: Iterable[LockRef] | LockRef, *, request_id: str | None = None
-    ) -> dict[str, Any]: ...
-    def create_route(
-        self,
-        name: str,
-        service_name: str | None = None,
-        broker_instance: str | None = None,
-        address: str = "LOCAL",
-        mirror_address: str | None = None,
-        lifetime: float | None = None,
-        draining: bool = False,
-        *,
-        table: str = "routes",
-        request_id: str | None = None,
-    ) -> list[str]: ...
-    def alter_route(
-        self, name: str, *, table: str = "routes", request_id: str | None = None, **changes: Any
-    ) -> list[str]: ...
-    def drop_route(
-        self, name: str, *, table: str = "routes", request_id: str | None = None
-    ) -> None: ...
-    def routes(self, table: str = "routes") -> list[dict[str, Any]]: ...
-    def configure(self, *, forwarding: bool | None = None) -> dict[str, Any]: ...
-    def info(self) -> dict[str, Any]: ...
-    def definitions(self) -> list[tuple[str, dict[str, Any]]]: ...
-    def endpoints(self) -> list[dict[str, Any]]: ...
-    def queue(self, name: str, limit: int = 1000) -> list[dict[str, Any]]: ...
-    def queues(self) -> dict[str, dict[str, Any]]: ...
-    def groups(self, queue: str | None = None) -> list[dict[str, Any]]: ...
-    def transmission_queue(self, limit: int = 1000) -> list[dict[str, Any]]: ...
-    def events(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]: ...
-    def audit(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]: ...
-    def router(self, queue: str, service: str) -> dict[str, Any]: ...
-    def stop(self, delete_store: bool = False) -> None: ...

@@ -12,7 +12,7 @@ from actors.core.delivery import Delivery
 from actors.core.state import ROUTE_TABLES
 from actors.core.work import Part, UnitOfWork
 from actors.errors import InUse, InvalidArgument
-from actors.model.catalog import Definition, Queue, Service, kind_of, to_record
+from actors.model.catalog import Definition, Queue, Service, check_name, kind_of, to_record
 from actors.model.credentials import Certificate, Grant, RemoteServiceBinding, shown_record
 from actors.model.dialogs import State
 from actors.model.routing import Route, RouteTable
@@ -48,7 +48,7 @@ class Admin(Part):
             if isinstance(defn, Service):
                 self.delivery.unpark_service(w, defn.name)
             if isinstance(defn, CREDENTIALS):
-                self.store.retry_all_now()  # dialogs waiting for dialog security may go now
+                self.store.retry_now()  # dialogs waiting for dialog security may go now
 
         self.uow.run(fn, request_id)
 
@@ -74,7 +74,7 @@ class Admin(Part):
             if isinstance(new, Service):
                 self.delivery.unpark_service(w, name)
             if isinstance(new, CREDENTIALS):
-                self.store.retry_all_now()
+                self.store.retry_now()
 
         self.uow.run(fn, request_id)
 
@@ -127,7 +127,7 @@ class Admin(Part):
             store.delete_route(table, r.name)
         for r in st.routes[table].routes():
             store.put_route(table, r.name, r.to_record())
-        store.retry_all_now()  # delayed dialogs may have a way now
+        store.retry_now()  # delayed dialogs may have a way now
 
     def create_route(
         self, table: str, record: Mapping[str, Any], request_id: str | None = None
@@ -191,6 +191,27 @@ class Admin(Part):
     def record_event(self, kind: str, subject: str, detail: str) -> None:
         """An operator event from outside the verbs (a reader that could not start, say)."""
         self.uow.run(lambda w: w.event(kind, subject, detail))
+
+    def record_operator_event(self, kind: str, subject: str, detail: str) -> None:
+        """An event a client records (what a person or a tool did, for the next one to read)."""
+        check_name("event kind", kind)
+        for what, text, most in (("subject", subject, 200), ("detail", detail, 2000)):
+            if not isinstance(text, str) or len(text) > most:
+                raise InvalidArgument(f"an event's {what} must be text of at most {most} chars")
+        self.record_event(kind, subject, detail)
+
+    def retry_transmission(self, handle: str | None = None) -> int:
+        """Make the transmission queue's waiting messages (of dialog `handle`, or all) due now,
+        not waiting out their backoff; how many were waiting. Recorded as an event."""
+        ep_no = None if handle is None else self.state.endpoint(handle).no
+
+        def fn(w: Changes) -> int:
+            made_due = self.store.retry_now(ep_no)
+            w.event("TransmissionRetried", handle or "every dialog",
+                    f"{made_due} waiting message(s) made due now")  # fmt: skip
+            return made_due
+
+        return self.uow.run(fn)
 
 
 def _resolve_lifetime(fields: Mapping[str, Any], now: float) -> dict[str, Any]:

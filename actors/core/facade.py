@@ -67,6 +67,10 @@ class BrokerCore:
             a.configure,
             a.record_event,
         )
+        self.record_operator_event, self.retry_transmission = (
+            a.record_operator_event,
+            a.retry_transmission,
+        )
         self.receive, self.get_conversation_group, self.settle = (
             r.receive,
             r.get_conversation_group,

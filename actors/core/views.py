@@ -70,12 +70,14 @@ def queue(state: BrokerState, store: Store, queue: str, limit: int = 1000) -> li
 
 
 def queues(state: BrokerState) -> dict[str, dict[str, Any]]:
-    """Per queue: depth, locked groups, enabled, and the poison count."""
+    """Per queue: depth, messages removed since the broker started (received and committed,
+    or ended with their dialog), locked groups, enabled, and the poison count."""
     out = {}
     for name, q in state.catalog.queues.items():
         idx = state.queue_index(name)
         out[name] = {
             "depth": idx.depth,
+            "removed": idx.removed,
             "locked_groups": sum(1 for lk in state.locks.by_id.values() if lk.queue == name),
             "enabled": q.enabled,
             "retention": q.retention,

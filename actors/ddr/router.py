@@ -33,6 +33,7 @@ from actors.model.dialogs import MAX_ERROR_DESCRIPTION
 from actors.model.names import check_name
 
 REDIRECT_TYPE = REDIRECT
+ROUTER_QUEUE = "RouterQueue"  # the routing service's queue on every router replica
 MODES = ("forward", "redirect")
 ROUTING_FAILED = 50_001  # the classifier failed, or named no target of the router set
 WRAPPED_BROKER_ERROR = 50_002  # a broker's own error (negative code) passed on by a router

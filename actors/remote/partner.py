@@ -123,14 +123,14 @@ class PartnerActor:
             link,
             self._fence,
             lambda: replay.snapshot(service.core.store.db),
-            lambda kind, detail: service.record_event(kind, self.broker, detail),
+            lambda kind, detail: service.write_event(kind, self.broker, detail),
             fenced=not record.synchronized,
         )
         self.shipper.start()
         self.acting, self.became = "principal", time.time()
         if record.last_failover and record.last_failover.get("to") == self.partner:
             moved = record.last_failover
-            service.record_event("Failover", self.broker, f"{moved['from']} -> {self.partner}")
+            service.write_event("Failover", self.broker, f"{moved['from']} -> {self.partner}")
 
     async def _become_mirror(self) -> None:
         if self.service is not None:

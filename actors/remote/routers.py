@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from actors.ddr import RouterConfig, router_contracts
+from actors.ddr.router import ROUTER_QUEUE
 from actors.errors import BrokerUnavailable, InvalidDefinition
 from actors.model.catalog import (
     ROUTER_HANDLER,
@@ -34,7 +35,6 @@ from actors.remote.factory import start_broker
 from actors.remote.trust import ensure, secure_dialogs, trust_brokers
 
 HANDLER = ROUTER_HANDLER
-ROUTER_QUEUE = "RouterQueue"
 DRAIN_TIMEOUT_S = 300.0
 
 Progress = Callable[[str], None]

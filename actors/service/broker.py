@@ -231,7 +231,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs, Waiting):
     def release_owner(self, owner: str) -> int:
         return self.core.release_owner(owner)
 
-    def record_event(self, kind: str, subject: str, detail: str) -> None:
+    def write_event(self, kind: str, subject: str, detail: str) -> None:
         self.core.record_event(kind, subject, detail)
 
     def queue_definitions(self) -> dict[str, Queue]:

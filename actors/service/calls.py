@@ -34,7 +34,7 @@ CLIENT_VERBS = frozenset(
     {
         "define", "alter", "drop", "apply", "move_conversation", "receive", "settle",
         "get_conversation_group", "create_route", "alter_route", "drop_route", "configure",
-        "view", "info", "wait_take", "give_back",
+        "retry_transmission", "record_event", "view", "info", "wait_take", "give_back",
     }
 )  # fmt: skip
 

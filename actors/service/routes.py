@@ -70,3 +70,11 @@ class RouteVerbs:
 
     async def configure(self, forwarding: bool | None = None) -> dict[str, Any]:
         return self.core.configure(forwarding)
+
+    async def retry_transmission(self, conversation_handle: str | None = None) -> int:
+        made_due = self.core.retry_transmission(conversation_handle)
+        self._send_poke.set()
+        return made_due
+
+    async def record_event(self, kind: str, subject: str, detail: str) -> None:
+        self.core.record_operator_event(kind, subject, detail)

@@ -99,9 +99,17 @@ class TransmissionRows:
             ((status, now, retry_max_s, retry_min_s, i) for i in ids),
         )
 
-    def retry_all_now(self) -> None:
-        """Make every waiting row due (a route changed: no need to wait out the backoff)."""
-        self.db.execute("UPDATE transmission SET next_attempt=0 WHERE next_attempt > 0")
+    def retry_now(self, endpoint_no: int | None = None) -> int:
+        """Make every waiting row (of one endpoint) due, not waiting out its backoff (a route
+        changed, an operator asked); how many were waiting."""
+        if endpoint_no is None:
+            cur = self.db.execute("UPDATE transmission SET next_attempt=0 WHERE next_attempt > 0")
+        else:
+            cur = self.db.execute(
+                "UPDATE transmission SET next_attempt=0 WHERE next_attempt > 0 AND endpoint_no=?",
+                (endpoint_no,),
+            )
+        return cur.rowcount
 
     def delete_acknowledged(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """ranges: (endpoint_no, first_seq, last_seq) acknowledged by the far broker."""

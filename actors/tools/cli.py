@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify.set_defaults(fn=_verify)
     from actors.tools import certs as cert_commands
     from actors.tools import mirror as mirror_commands
+    from actors.tools.console import command as console_commands
     from spark_bridge import commands as spark_commands  # argparse only: Spark loads when used
     from topologies import commands as topology_commands
 
@@ -130,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     topology_commands.add_parsers(sub)
     mirror_commands.add_parsers(sub)
     cert_commands.add_parsers(sub)
+    console_commands.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -49,6 +49,8 @@ def test_an_old_store_moves_its_messages_into_segments_and_shows_what_it_showed(
         # what the release that wrote it showed, and since then: its dialogs in the clear
         for ep in shown["endpoints"]:
             assert (ep.pop("encryption"), ep.pop("secured")) == (False, False)
+        for q in shown["queues"].values():  # and what was removed since the broker started
+            assert q.pop("removed") == 0
         assert shown == json.loads((DATA / "store-schema1.json").read_text())
         # the three received on the retention queue are kept as received
         assert [m[6] for m in stored_messages(store) if m[5].startswith(b"c")] == [1, 1, 1, 0]

@@ -1,0 +1,1 @@
+"""`raybroker console`: a web page for operators (actors.tools.console.command)."""
