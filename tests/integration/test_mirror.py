@@ -25,6 +25,7 @@ from actors.errors import (
 )
 from actors.mirroring.pairkey import PairKey, new_key
 from actors.remote.client import Broker
+from actors.remote.discovery import brokers_in, mirrors_of
 from actors.remote.mirrored import (
     MirroredBroker,
     Partner,
@@ -237,6 +238,9 @@ def test_a_secured_dialog_to_a_mirrored_broker_goes_on_sealed_after_failover(
         front.send(h, "DEFAULT", b"%d" % i)
     wait_until(lambda: mm.queues()["SQ"]["depth"] == 10, 30, "the first ten at the principal")
     first = mm.name
+    # the console lists the mirrored broker once, by its name, with the witness's record
+    found = brokers_in("raybroker", {name, f"{name}-a", f"{name}-b"})
+    assert list(found) == [name] and mirrors_of(found)[name]["principal"] == first
     ray.kill(ray.get_actor(first, namespace="raybroker"), no_restart=True)
     for i in range(10, 20):
         front.send(h, "DEFAULT", b"%d" % i)
