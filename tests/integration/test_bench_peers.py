@@ -32,6 +32,7 @@ FIELDS = {
     "out_of_order",
     "durability",
     "runs",
+    "vs",
 }
 SERVER_OF = {
     "redis-streams": "redis-server",

@@ -40,6 +40,37 @@ def test_reports_merge_row_by_row_in_the_first_reports_order():
     assert merged.params == {"m": 1, "repeats": 3}
 
 
+def test_a_rows_ratio_is_the_ratio_of_the_medians_not_of_the_median_runs_own_figures():
+    """Secured beside unsecured, three runs: the secured median run (66) had a slow unsecured
+    partner (64), so its own ratio (1.03x) says more than the medians do (66 / 71 = 0.93x)."""
+    base, secured = "two brokers", "two brokers, secured"
+    runs = [(71, 65), (64, 66), (73, 69)]
+    reports = [
+        Report(
+            "remote",
+            {},
+            [
+                Row("raybroker", base, plain, vs=[["raybroker", "one broker", "one broker"]]),
+                Row(
+                    "raybroker",
+                    secured,
+                    sealed,
+                    notes="crypto",
+                    vs=[["raybroker", base, "unsecured"]],
+                ),
+                Row("raybroker", "one broker", 200),
+            ],
+        )  # fmt: skip
+        for plain, sealed in runs
+    ]
+    rows = {r.variant: r for r in median_report(reports).rows}
+    assert rows[secured].messages_per_s == 66 and rows[base].messages_per_s == 71
+    assert rows[secured].notes.startswith("0.93x unsecured; crypto; median of 3 runs")
+    assert rows[base].notes.startswith("0.35x one broker; median of 3 runs")
+    assert rows["one broker"].notes.startswith("median of 3 runs")  # no baseline, no ratio
+    assert rows[secured].vs == [["raybroker", base, "unsecured"]]  # kept in the JSON
+
+
 def test_a_scenario_runs_a_warm_up_then_its_repeats_and_reports_their_median():
     loads: list[int] = []
     rates = iter([5.0, 100.0, 300.0, 200.0])  # the warm-up's figure is not among the runs

@@ -28,6 +28,8 @@ from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row,
 REPEATS = 1  # runs per figure within one run of the scenario (`--repeats` takes the median)
 DISCARD = "actors.activation.handlers:discard"
 STAMP = "actors.activation.handlers:stamp_first_call"
+CLIENT_LOOP = "client receive+commit loop, no activation"
+CORE = "in-process BrokerCore receive+commit"
 
 
 def run(
@@ -81,15 +83,12 @@ def run(
                 lat, cold = _first_call_latency(b, placement, trials) if readers == 1 else ([], 0)
             finally:
                 b.stop()
-            notes = (
-                f"{rate / core_rate:.2f}x in-process core, {rate / client_rate:.2f}x client loop"
-            )
+            notes = "drain after the first handled batch"
             if lat:
                 notes += (
                     f"; p50/p99 = first message to first handler call from idle "
                     f"({trials} trials; the very first, cold: {cold:.0f} ms)"
                 )
-            notes = "drain after the first handled batch; " + notes
             report.rows.append(
                 Row(
                     "raybroker",
@@ -99,12 +98,16 @@ def run(
                     percentile(lat, 0.99),
                     None,
                     notes,
+                    vs=[
+                        ["raybroker-core", CORE, "in-process core"],
+                        ["raybroker", CLIENT_LOOP, "client loop"],
+                    ],  # fmt: skip
                 )
             )
     report.rows.append(
         Row(
             "raybroker",
-            "client receive+commit loop, no activation",
+            CLIENT_LOOP,
             client_rate,
             notes="2 async readers through the actor",
         )
@@ -112,7 +115,7 @@ def run(
     report.rows.append(
         Row(
             "raybroker-core",
-            "in-process BrokerCore receive+commit",
+            CORE,
             core_rate,
             notes="no Ray: the single broker's own receive/commit rate",
         )

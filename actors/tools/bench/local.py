@@ -54,20 +54,30 @@ def run(
             report.rows.append(
                 Row(
                     "raybroker",
-                    "end-to-end: send || receive+commit",
+                    E2E,
                     e2e,
                     p50,
                     p99,
                     cpu,
                     "latency = send to commit, under full load",
+                    vs=[["raw-sqlite", "insert, then select+delete", "raw-sqlite end-to-end"]],
                 )
             )
             progress("raybroker: send only, then receive+commit only")
             send_rate, recv_rate = asyncio.run(
                 _phases(broker, handles, messages, batch, body, max_groups, readers, inflight)
             )
-            report.rows.append(Row("raybroker", "send only", send_rate))
-            report.rows.append(Row("raybroker", "receive+commit only", recv_rate))
+            report.rows.append(
+                Row(
+                    "raybroker",
+                    "send only",
+                    send_rate,
+                    vs=[["raw-sqlite", "insert only", "raw-sqlite insert"]],
+                )
+            )
+            report.rows.append(Row("raybroker", "receive+commit only", recv_rate,
+                                   vs=[["raw-sqlite", "select+delete only",
+                                        "raw-sqlite select+delete"]]))  # fmt: skip
             progress("raybroker: a producer on shared dialogs, serial, then pipelined")
             serial, piped = (
                 asyncio.run(_shared(broker, handles, messages, batch, body, n, max_groups, readers))
@@ -82,13 +92,14 @@ def run(
                     "raybroker",
                     f"producer pipelined on shared dialogs ({inflight} in flight)",
                     piped,
-                    notes=f"{piped / serial:.2f}x serial; {note}",
+                    notes=note,
+                    vs=[["raybroker", "serial producer (1 in flight)", "serial"]],
                 )
             )
             one_shots = max(ONE_SHOT_PER_CALL, messages // 10)
             progress(f"raybroker: one dialog per message ({one_shots:,} dialogs)")
             one_shot = asyncio.run(dialog_per_message(broker, one_shots, body))
-            one_shot.notes += f"; {one_shot.messages_per_s / e2e:.2f}x end-to-end's messages/s"
+            one_shot.vs = [["raybroker", E2E, "end-to-end's messages/s"]]
             report.rows.append(one_shot)
         finally:
             broker.stop()
@@ -97,10 +108,6 @@ def run(
             os.path.join(tmp, "raw.sqlite"), messages, dialogs, batch, body, max_groups
         )
         report.rows += raw
-    raw_e2e = raw[0].messages_per_s
-    report.rows[0].notes += f"; {e2e / raw_e2e:.2f}x raw-sqlite end-to-end"
-    report.rows[1].notes = f"{send_rate / raw[1].messages_per_s:.2f}x raw-sqlite insert"
-    report.rows[2].notes = f"{recv_rate / raw[2].messages_per_s:.2f}x raw-sqlite select+delete"
     return report
 
 
@@ -207,6 +214,7 @@ async def _shared(broker, handles, messages, batch, body, inflight, max_groups, 
     return rate
 
 
+E2E = "end-to-end: send || receive+commit"
 ONE_SHOT_PER_CALL = 500  # one dialog per message: dialogs begun (each with its message) per call
 ONE_SHOT_GROUPS = 100  # groups (here: dialogs) one receive takes at most
 ONE_SHOT_OPEN = 2_000  # the producer begins more only while fewer dialogs than this are open

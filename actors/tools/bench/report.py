@@ -26,6 +26,10 @@ class Row:
     # the durability class the row ran at ("none", "default", "power-safe"); None: not a peer row
     durability: str | None = None
     runs: list[float] | None = None  # messages/s of each measured run; the row is their median
+    # the rows of the same report this row is compared with: [system, variant, words] each; the
+    # ratios go first in its notes, computed from the figures the report ends with (a report of
+    # several runs: the medians, so ratio and figures agree), by `with_ratios`
+    vs: list[list[str]] | None = None
 
 
 Progress = Callable[[str], None]
@@ -109,6 +113,21 @@ def median_row(runs: list[Row]) -> Row:
     return replace(median, notes=notes, runs=rates)
 
 
+def with_ratios(rows: list[Row]) -> list[Row]:
+    """Each row with its ratios to the rows it names in `vs`, first in its notes."""
+    by = {(r.system, r.variant): r for r in rows}
+    out = []
+    for row in rows:
+        ratios = []
+        for system, variant, words in row.vs or ():
+            base = by.get((system, variant))
+            if base is not None and base.messages_per_s:
+                ratios.append(f"{row.messages_per_s / base.messages_per_s:.2f}x {words}")
+        notes = "; ".join(x for x in (", ".join(ratios), row.notes) if x)
+        out.append(replace(row, notes=notes) if ratios else row)
+    return out
+
+
 def median_report(reports: list[Report]) -> Report:
     """Reports of the same scenario, run one after another, as one: each row the median of its
     runs (rows matched by system, variant and durability, in the first report's order)."""
@@ -119,7 +138,9 @@ def median_report(reports: list[Report]) -> Report:
         for row in report.rows:
             runs.setdefault(key(row), []).append(row)
     params = {**first.params, "repeats": len(reports)}
-    return Report(first.scenario, params, [median_row(runs[key(r)]) for r in first.rows])
+    return Report(
+        first.scenario, params, with_ratios([median_row(runs[key(r)]) for r in first.rows])
+    )
 
 
 def _num(v: float | None, digits: int = 2) -> str:
