@@ -26,5 +26,9 @@ def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(s
     regions = [summary[f"lines at Sales{r}"] for r in ("EU", "US", "APAC")]
     assert regions == ["201", "201", "198"]
     assert summary["result"] == "every line once, in order, both ways"
+    # start-up apart from the pipeline's figures; a live line while the orders go out
+    assert re.fullmatch(r"Ray [\d.]+s, deploy [\d.]+s, Spark [\d.]+s, first use [\d.]+s",
+                        summary["start-up"])  # fmt: skip
+    assert "rows sent 600/600" in out and ", replies 600, lag 0" in out
     # the Spark session was the running one, and it is still running after the demo
     assert spark.range(3).count() == 3
