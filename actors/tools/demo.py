@@ -104,6 +104,8 @@ class Replies:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:  # the ingest failed: no more replies are coming
+            self.timeout_s = 0.0
         self.sending.clear()
         self.thread.join()
         if self.error is not None and exc[0] is None:
