@@ -155,12 +155,16 @@ class Keyring:
         if not self.catalog.remote_service_bindings:  # the common case, and a Begin's hot path
             return None
         binding = self.binding_for(to_service, broker)
-        if binding is None:
-            return None
+        return None if binding is None else self._unsecurable(binding, from_service, now)
+
+    def _unsecurable(
+        self, binding: RemoteServiceBinding, from_service: str, now: float
+    ) -> str | None:
+        """Why dialogs from `from_service` under `binding` cannot be secured now, or None."""
         target = self.info(self.catalog.certificates[binding.certificate])
         if why := certificates.invalid_at(target, now):
             return (
-                f"service {to_service!r}'s {why} (binding {binding.name!r}); import its new "
+                f"service {binding.service!r}'s {why} (binding {binding.name!r}); import its new "
                 "certificate and alter the binding to it"
             )
         if not binding.anonymous:
@@ -209,14 +213,13 @@ class Keyring:
                 f"the key offer of conversation {ep.conversation_id} needs the remote service "
                 f"binding of service {ep.far_service!r}, which was dropped; create it again"
             )
+        if why := self._unsecurable(binding, ep.service, now):
+            return why
         target = self.info(self.catalog.certificates[binding.certificate])
-        if why := certificates.invalid_at(target, now):
-            return f"service {ep.far_service!r}'s {why} (binding {binding.name!r}); bind a new one"
         signer = None
         if not binding.anonymous:
             found = self.signer(ep.service, now)
-            if isinstance(found, str):
-                return found
+            assert not isinstance(found, str)  # _unsecurable found one valid
             signer = found
         pair = (ep.service, ep.far_service, target.fingerprint, signer and signer.fingerprint)
         ex = self._exchanges.get(pair)

@@ -54,7 +54,6 @@ class Console:
         self.board = Board()
         self.brokers: Mapping[str, Any] = {}
         self.state: dict[str, Any] = {"at": None, "brokers": {}}
-        self.refreshed = asyncio.Event()
         self._lock = asyncio.Lock()
 
     def app(self) -> web.Application:
@@ -70,7 +69,6 @@ class Console:
             brokers, mirrors = await asyncio.to_thread(self.sources)
             self.state = await asyncio.to_thread(self.board.gather, brokers, time.time(), mirrors)
             self.brokers = brokers
-            self.refreshed.set()
 
     async def refresh_forever(self) -> None:
         while True:
