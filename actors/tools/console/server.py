@@ -121,4 +121,5 @@ class Console:
             await asyncio.Event().wait()
         finally:
             refresher.cancel()
+            await asyncio.gather(refresher, return_exceptions=True)
             await runner.cleanup()
