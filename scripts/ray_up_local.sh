@@ -11,12 +11,12 @@
 #   - checks: both nodes up, a job that runs brokers on both nodes and moves 100 messages between
 #     them, a broker's direct channel port closing connections without a valid ticket, drivers
 #     without the token (or with a wrong one) and the job API without it refused,
-#     `ray down` leaves no Ray process. With --demo, `raybroker demo --orders N` runs as a job too
+#     `ray down` leaves no Ray process. With --demo, `raybroker demo --orders N --steady-s 5` runs as a job too
 #     (Spark on the cluster: Java 17 needed, ~2 more minutes).
 # Prints PASS/FAIL per check and a RESULT line; exits 0 only when every check passed.
 #
 # Usage: scripts/ray_up_local.sh [--demo] [--orders N] [--ssh] [--keep]
-#   --demo   also run `raybroker demo --orders N` (default 200) as a job
+#   --demo   also run `raybroker demo --orders N --steady-s 5` (default 200) as a job
 #   --ssh    run the jobs with `ray exec` over SSH on the head, not through the job API (what
 #            happens anyway when the virtualenv lacks ray[default], which the dashboard needs)
 #   --keep   keep the scratch directory (logs, config, session logs) even when everything passed
@@ -422,16 +422,16 @@ else
 
     # --- 8. The demo as a job (optional) --------------------------------------------------------
     if ((DEMO)); then
-        note "$HOW: raybroker demo --orders $ORDERS"
+        note "$HOW: raybroker demo --orders $ORDERS --steady-s 5"
         t=$(now_ms)
-        submit 900 "$LOGS/job_demo.log" "$VENV/bin/raybroker" demo --orders "$ORDERS"
+        submit 900 "$LOGS/job_demo.log" "$VENV/bin/raybroker" demo --orders "$ORDERS" --steady-s 5
         demo_rc=$?
         demo_s=$(since "$t")
         # its summary: from the reconciliation on, without Ray's own lines
         sed -e 's/\x1b\[[0-9;]*m//g' -n -e '/reading every broker/,$p' "$LOGS/job_demo.log" |
             grep -v -E '^\(|^\[|^[0-9]{4}-|^Job |^-+$|^$' | sed 's/^/    /' | head -40
         if ((demo_rc == 0)); then
-            pass "demo job" "raybroker demo --orders $ORDERS ($demo_s s)"
+            pass "demo job" "raybroker demo --orders $ORDERS --steady-s 5 ($demo_s s)"
         else
             fail "demo job" "exit status $demo_rc ($demo_s s)"
             tail_log "$LOGS/job_demo.log" 60

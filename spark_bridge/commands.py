@@ -24,6 +24,7 @@ def add_parsers(sub: Any) -> None:
     ing.add_argument("--body-format", default="json", help="struct bodies as json or msgpack")
     ing.add_argument("--ingest-id", help="names the ingest; run again with it to finish a run")
     ing.add_argument("--batch-rows", type=int, default=4000, help="rows per apply call")
+    ing.add_argument("--rows-per-s", type=float, help="send at most this many rows a second")
     ing.add_argument("--report", metavar="PATH", help="write the report as JSON (for audit)")
     ing.add_argument(
         "--encryption",
@@ -77,6 +78,7 @@ def _ingest(args: argparse.Namespace) -> int:
             body_format=args.body_format,
             ingest_id=args.ingest_id,
             batch_rows=args.batch_rows,
+            rows_per_s=args.rows_per_s,
             encryption=args.encryption == "on",
         )
     print(

@@ -28,7 +28,7 @@ from actors.model.catalog import Contract, MessageType, may_send
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
-from .plan import BODY_FORMATS, IngestSpec, PartitionPlanner, check_ingest_id
+from .plan import BODY_FORMATS, IngestSpec, Pace, PartitionPlanner, check_ingest_id
 from .progress import BOARD, Watcher, best_effort, board, print_progress
 
 KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
@@ -92,6 +92,7 @@ def ingest(
     partitions: int | None = None,
     progress: bool | Callable[[dict[str, Any]], None] = True,
     encryption: bool = True,
+    rows_per_s: float | None = None,
 ) -> IngestReport:
     """Send every row of `df` as one message from `from_service` to `to_service`.
 
@@ -106,6 +107,10 @@ def ingest(
     True prints rows and rows/s to stderr, a callable receives each view, False shows nothing.
     `encryption`: the dialogs' ENCRYPTION (`actors.Begin`): on, they leave the sending broker
     only secured (dialog security configured for `to_service`), else they wait.
+    `rows_per_s`: send at most this many rows a second in all, shared evenly by the partitions
+    (which all send at once when there are no more of them than executor cores), to feed a
+    pipeline at a steady rate instead of as fast as the brokers take rows; with it, keep
+    `batch_rows` small (a tenth of a partition's rate, say) so rows go out evenly.
     """
     started = time.monotonic()
     ingest_id = check_ingest_id(uuid.uuid4().hex if ingest_id is None else ingest_id)
@@ -115,6 +120,10 @@ def ingest(
     _whole("in_flight", in_flight)
     if partitions is not None:
         _whole("partitions", partitions)
+    if rows_per_s is not None and (
+        not isinstance(rows_per_s, int | float) or isinstance(rows_per_s, bool) or rows_per_s <= 0
+    ):
+        raise IngestError(f"rows_per_s must be a number above 0, not {rows_per_s!r}")
     if not isinstance(encryption, bool):
         raise IngestError(f"encryption must be True or False, not {encryption!r}")
     if body_format not in BODY_FORMATS:
@@ -142,6 +151,8 @@ def ingest(
     frame = arranged(df, key, order, partitions)
     import ray
 
+    share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None
+
     meter = board(NAMESPACE)
     best_effort(lambda: meter.start.remote(spec.run, total))
     send = _partition_sender(
@@ -149,6 +160,7 @@ def ingest(
         [(b.name, b.namespace) for b in senders],
         ray.get_runtime_context().gcs_address,
         in_flight,
+        share,
     )
     show = print_progress if progress is True else progress or None
     try:
@@ -199,6 +211,7 @@ def _partition_sender(
     brokers: Sequence[tuple[str, str]],
     address: str,
     in_flight: int,
+    rows_per_s: float | None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function Spark runs on each partition, in a Python worker on an executor."""
 
@@ -212,7 +225,8 @@ def _partition_sender(
         handles = [connect(name, namespace) for name, namespace in brokers]
         meter = ray.get_actor(BOARD, namespace=NAMESPACE)
         planner = PartitionPlanner(spec)
-        sent, calls = asyncio.run(_send(planner, batches, handles, meter, in_flight))
+        pace = Pace(rows_per_s, time.monotonic()) if rows_per_s else None
+        sent, calls = asyncio.run(_send(planner, batches, handles, meter, in_flight, pace))
         yield pa.RecordBatch.from_pylist(
             [
                 {"rows": planner.rows, "sent": sent, "dialogs": planner.dialogs, "calls": calls}
@@ -239,11 +253,13 @@ async def _send(
     handles: Sequence[Any],
     meter: Any,
     in_flight: int,
+    pace: Pace | None = None,
 ) -> tuple[int, int]:
-    """Send a partition's calls, up to `in_flight` at once; calls from one handle apply in the
-    order issued (actors.calls.ordering), so a key's rows keep their order."""
+    """Send a partition's calls, up to `in_flight` at once (and no faster than `pace`); calls
+    from one handle apply in the order issued (actors.calls.ordering), so a key's rows keep
+    their order."""
     pending: deque[asyncio.Task[Any]] = deque()
-    sent = calls = 0
+    sent = calls = issued = 0
     pid = os.getpid()
 
     async def settle(task: asyncio.Task[Any]) -> None:
@@ -257,6 +273,9 @@ async def _send(
 
     for batch in batches:
         for call in planner.calls(batch):
+            if pace is not None and (wait := pace.wait_s(issued, time.monotonic())) > 0:
+                await asyncio.sleep(wait)  # the rate asked for, not a condition
+            issued += call.rows
             pending.append(
                 asyncio.ensure_future(
                     one(handles[call.sender], call.ops, call.request_id, call.rows)

@@ -334,3 +334,18 @@ def request_id(spec: IngestSpec, sends: Sequence[tuple[str, int, int]]) -> str:
     for handle, at, count in sends:
         h.update(f"{handle}\0{at}\0{count}\0".encode())
     return f"ingest/{spec.ingest_id}/{spec.run}/{h.hexdigest()[:40]}"
+
+
+class Pace:
+    """A sender's rate limit: how long to wait before issuing a call, so that the rows issued
+    so far never run ahead of `rows_per_s` since the first call (no burst is saved up: a sender
+    that fell behind catches up at once, then keeps to the rate)."""
+
+    def __init__(self, rows_per_s: float, start: float) -> None:
+        if not rows_per_s > 0:
+            raise InvalidArgument(f"a rate must be above 0 rows a second, not {rows_per_s!r}")
+        self.rows_per_s, self.start = rows_per_s, start
+
+    def wait_s(self, rows_issued: int, now: float) -> float:
+        """Seconds to wait, at `now`, before the call after the first `rows_issued` rows."""
+        return max(0.0, self.start + rows_issued / self.rows_per_s - now)

@@ -210,6 +210,7 @@ class RouterSet:
             HANDLER,
             max_readers=self.readers,
             placement="internal",
+            max_groups=100,
             idle_timeout=30.0,
             options=self.config.options(),
         )

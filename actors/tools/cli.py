@@ -77,7 +77,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from actors.tools.demo import run
 
-    return run(orders=args.orders, path=args.path)
+    return run(orders=args.orders, path=args.path, steady_s=args.steady_s)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -93,7 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser(
         "demo", help="sales by region: Spark orders through replicated routers, reconciled"
     )
-    demo.add_argument("--orders", type=int, default=2000, help="orders (3 lines each)")
+    demo.add_argument(
+        "--orders", type=int, default=10_000, help="orders at full load (3 lines each)"
+    )
+    demo.add_argument(
+        "--steady-s", type=float, default=30.0, help="seconds of orders at a steady rate"
+    )
     demo.add_argument("--path", default=None, help="a directory for the stores (kept)")
     demo.set_defaults(fn=_demo)
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")

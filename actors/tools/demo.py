@@ -8,9 +8,12 @@ every broker's delivery audit into Spark and reconciles it against the input bot
 line reached a router once and in order, and each reply came back once and in order. A small
 first ingest starts what starts on first use (Spark's Python workers, the regions' readers), so
 the figures are the pipeline's; start-up (Ray, the deploy, Spark, that first use) is reported
-apart. It shows one live line (rows sent, their rate, replies, the lag), then messages per
-region, throughput, latency and the lost / doubled / out-of-order counts, which must all be
-zero.
+apart. Then two phases: at full load (`orders` orders sent as fast as the routers take them:
+the pipeline's throughput, its latency that of a queue building up), and at a steady rate
+(`STEADY_SHARE` of the full load's, paced by the ingest for `steady_s` seconds: the latency an
+order sees when the pipeline keeps up). It shows one live line (rows sent, their rate, replies,
+the lag), then messages per region, both phases' rates and latencies, and the lost / doubled /
+out-of-order counts, which must all be zero.
 """
 
 from __future__ import annotations
@@ -18,21 +21,32 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from actors import ensure_ray
+from actors.errors import InvalidArgument
 
 REGIONS = ("EU", "US", "APAC")
 LINES = 3  # Order messages per order (its lines), one dialog per order
 
 
-def run(orders: int = 2000, path: str | None = None, progress: Any = print) -> int:
-    from spark_bridge import AuditCursor, reconcile, spark_session
+STEADY_SHARE = 0.6  # the steady phase's rate, as a share of the rate measured at full load
+
+
+def run(
+    orders: int = 10_000, path: str | None = None, steady_s: float = 30.0, progress: Any = print
+) -> int:
+    from spark_bridge import AuditCursor, spark_session
     from spark_bridge.session import short_jobs_configs
     from topologies.deploy import deploy
     from topologies.loader import load
 
+    if not isinstance(orders, int) or orders < 1:
+        raise InvalidArgument(f"the demo needs at least 1 order, not {orders!r}")
+    if not steady_s > 0:
+        raise InvalidArgument(f"the steady phase needs a time above 0 s, not {steady_s!r}")
     startup: dict[str, float] = {}
     t = time.perf_counter()
     ensure_ray()
@@ -53,33 +67,59 @@ def run(orders: int = 2000, path: str | None = None, progress: Any = print) -> i
                 warm = max(30, orders // 20)
                 progress(f"first use: {warm:,} orders start Spark's Python workers and the readers")
                 t = time.perf_counter()
-                with Replies(shop, warm * LINES, lambda s: None) as replies:
-                    _ingest(_orders(spark, warm, first=orders), routers, replies.ingest_view)
+                _phase(spark, shop, routers, warm, first=10 * orders, show=lambda s: None)
                 startup["first use"] = time.perf_counter() - t
-                df = _orders(spark, orders)
-                rows = orders * LINES
-                progress(f"ingesting {orders:,} orders ({rows:,} lines) through the routers")
-                started, t0 = time.time(), time.perf_counter()
-                with Replies(shop, rows, progress) as replies:
-                    report = _ingest(df, routers, replies.ingest_view)
-                elapsed = time.perf_counter() - t0
+                progress(f"full load: {orders:,} orders ({orders * LINES:,} lines) as fast as "
+                         "the routers take them")  # fmt: skip
+                full = _phase(spark, shop, routers, orders, first=0, show=progress)
+                rate = STEADY_SHARE * full.rows / full.elapsed  # lines a second
+                steady = max(1, round(rate * steady_s / LINES))
+                progress(f"steady rate: {steady:,} orders at {rate:,.0f} lines/s "
+                         f"({STEADY_SHARE:.0%} of full load) for {steady_s:.0f}s")  # fmt: skip
+                paced = _phase(spark, shop, routers, steady, first=orders, show=progress,
+                               rows_per_s=rate)  # fmt: skip
                 progress("reading every broker's delivery audit into Spark and reconciling")
                 audit = AuditCursor([*d.brokers.values(), *routers.replicas.values()]).read(spark)
-                args = {"ingest_id": report.ingest_id, "key": "order", "order": "line"}
-                there = reconcile(audit, df, **args)
-                back = reconcile(audit, df, **args, replies=True)
-                timing = {"started": started, "elapsed": elapsed, "startup": startup}
-                ok = _summary(audit, report, there, back, rows, timing, progress)
+                ok = _summary(audit, [full, paced], startup, progress)
         finally:
             d.stop(delete_stores=path is None)
     return 0 if ok else 1
 
 
-def _ingest(df: Any, routers: Any, show: Any) -> Any:
+@dataclass
+class Phase:
+    """One ingest of orders through the routers, with every reply collected: from the first
+    row sent to the last reply committed, `elapsed` seconds."""
+
+    df: Any
+    report: Any
+    rows: int
+    started: float  # time.time() as the ingest began
+    elapsed: float
+
+    @property
+    def messages_per_s(self) -> float:
+        return 2 * self.rows / self.elapsed  # there and back
+
+
+def _phase(
+    spark: Any, shop: Any, routers: Any, orders: int, first: int, show: Any,
+    rows_per_s: float | None = None,
+) -> Phase:  # fmt: skip
     from spark_bridge import ingest
 
-    return ingest(df, routers, from_service="Store", contract="Sales", message_type="Order",
-                  body="body", key="order", order="line", progress=show)  # fmt: skip
+    df = _orders(spark, orders, first)
+    rows = orders * LINES
+    options: dict[str, Any] = {}
+    if rows_per_s is not None:  # small calls, so the rows go out evenly (20 a second a sender)
+        share = rows_per_s / spark.sparkContext.defaultParallelism
+        options = {"rows_per_s": rows_per_s, "batch_rows": max(LINES, round(share / 20))}
+    started, t = time.time(), time.perf_counter()
+    with Replies(shop, rows, show) as replies:
+        report = ingest(df, routers, from_service="Store", contract="Sales",
+                        message_type="Order", body="body", key="order", order="line",
+                        progress=replies.ingest_view, **options)  # fmt: skip
+    return Phase(df, report, rows, started, time.perf_counter() - t)
 
 
 class Replies:
@@ -165,23 +205,11 @@ def _orders(spark: Any, orders: int, first: int = 0) -> Any:
     )
 
 
-def _summary(audit, report, there, back, rows: int, timing: dict, progress: Any) -> bool:
+def _latency(records: Any, ingest_id: str) -> tuple[float, float]:
+    """p50 and p99 in ms of an ingest's order lines, from sent at the shop to reply committed."""
     from pyspark.sql import functions as F
 
-    records = audit.df
-    ours = F.col("conversation_id").startswith(f"{report.ingest_id}/")
-    # the routers' onward dialogs are their own: this run's are those sent after it began (the
-    # first use's were all answered before)
-    mine = records.filter(F.col("sent_at") >= timing["started"])
-    elapsed = timing["elapsed"]
-    per_region = {
-        r["to_service"]: r["n"]
-        for r in mine.filter(F.col("to_service").startswith("Sales") & F.col("from_initiator"))
-        .filter(F.col("message_type") == "Order")
-        .groupBy("to_service")
-        .agg(F.count("*").alias("n"))
-        .collect()
-    }
+    ours = F.col("conversation_id").startswith(f"{ingest_id}/")
     sent = records.filter(ours & F.col("from_initiator")).select(
         "conversation_id", "sequence_number", "sent_at"
     )
@@ -192,21 +220,63 @@ def _summary(audit, report, there, back, rows: int, timing: dict, progress: Any)
         ((F.col("committed_at") - F.col("sent_at")) * 1000).alias("ms")
     )
     p50, p99 = trips.approxQuantile("ms", [0.5, 0.99], 0.001) or (float("nan"),) * 2
-    lost = there.missing + back.missing + there.unaccounted + back.unaccounted
-    doubled = there.doubled + back.doubled
-    out_of_order = there.out_of_order + back.out_of_order
+    return p50, p99
+
+
+def _summary(audit: Any, phases: list[Phase], startup: dict[str, float], progress: Any) -> bool:
+    from pyspark.sql import functions as F
+
+    from spark_bridge import reconcile
+
+    records = audit.df
+    # the routers' onward dialogs are their own: this run's are those sent after the full load
+    # began (the first use's were all answered before)
+    mine = records.filter(F.col("sent_at") >= phases[0].started)
+    per_region = {
+        r["to_service"]: r["n"]
+        for r in mine.filter(F.col("to_service").startswith("Sales") & F.col("from_initiator"))
+        .filter(F.col("message_type") == "Order")
+        .groupBy("to_service")
+        .agg(F.count("*").alias("n"))
+        .collect()
+    }
+    there, back = [], []
+    for p in phases:
+        args = {"ingest_id": p.report.ingest_id, "key": "order", "order": "line"}
+        there.append(reconcile(audit, p.df, **args))
+        back.append(reconcile(audit, p.df, **args, replies=True))
+    checks = there + back
+    lost = sum(c.missing + c.unaccounted for c in checks)
+    doubled = sum(c.doubled for c in checks)
+    out_of_order = sum(c.out_of_order for c in checks)
+    full, steady = phases
+    full_p50, full_p99 = _latency(records, full.report.ingest_id)
+    p50, p99 = _latency(records, steady.report.ingest_id)
     table = [
-        ("orders (dialogs)", f"{report.dialogs:,}"),
-        ("order lines sent", f"{report.sent:,} of {report.rows:,} rows"),
+        ("orders (dialogs)", f"{sum(p.report.dialogs for p in phases):,}"),
+        (
+            "order lines sent",
+            f"{sum(p.report.sent for p in phases):,} of "
+            f"{sum(p.report.rows for p in phases):,} rows",
+        ),  # fmt: skip
         *(
             (f"lines at {svc}", f"{per_region.get(svc, 0):,}")
             for svc in (f"Sales{r}" for r in REGIONS)
         ),
-        ("replies back at the shop", f"{back.delivered:,}"),
-        ("start-up", ", ".join(f"{k} {v:.1f}s" for k, v in timing["startup"].items())),
-        ("ingest", f"{report.elapsed_s:.1f}s ({report.rows_per_s:,.0f} rows/s)"),
-        ("end to end", f"{elapsed:.1f}s ({2 * rows / elapsed:,.0f} messages/s, there and back)"),
-        ("latency order sent -> reply committed", f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"),
+        ("replies back at the shop", f"{sum(b.delivered for b in back):,}"),
+        ("start-up", ", ".join(f"{k} {v:.1f}s" for k, v in startup.items())),
+        (
+            "full load",
+            f"{full.rows:,} lines in {full.elapsed:.1f}s: "
+            f"{full.messages_per_s:,.0f} messages/s there and back",
+        ),  # fmt: skip
+        ("latency at full load", f"p50 {full_p50:,.0f} ms, p99 {full_p99:,.0f} ms (queued)"),
+        (
+            "steady rate",
+            f"{steady.rows:,} lines in {steady.elapsed:.1f}s: "
+            f"{steady.messages_per_s:,.0f} messages/s there and back",
+        ),  # fmt: skip
+        ("latency at steady rate", f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"),
         ("lost", f"{lost}"),
         ("doubled", f"{doubled}"),
         ("out of order", f"{out_of_order}"),
@@ -216,7 +286,9 @@ def _summary(audit, report, there, back, rows: int, timing: dict, progress: Any)
     progress("sales by region: summary")
     for k, v in table:
         progress(f"  {k.ljust(width)}  {v}")
-    ok = there.ok and back.ok and there.expected == rows and not report.rejected
+    ok = all(c.ok for c in checks) and all(
+        t.expected == p.rows and not p.report.rejected for t, p in zip(there, phases, strict=True)
+    )
     progress(
         "  result".ljust(width + 2)
         + ("  every line once, in order, both ways" if ok else "  FAILED")

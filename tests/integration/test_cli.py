@@ -76,3 +76,10 @@ def test_a_bad_message_count_for_a_bench_is_a_clear_error(capsys):
     for scenario in ("local", "peers", "mirror"):  # refused before anything starts
         assert main(["bench", scenario, "--repeats", "0"]) == 2
         assert "--repeats must be a whole number of 1 or more, not 0" in capsys.readouterr().err
+
+
+def test_a_demo_without_orders_or_steady_time_is_a_clear_error_before_anything_starts(capsys):
+    assert main(["demo", "--orders", "0"]) == 1
+    assert "the demo needs at least 1 order, not 0" in capsys.readouterr().err
+    assert main(["demo", "--steady-s", "-1"]) == 1
+    assert "the steady phase needs a time above 0 s, not -1.0" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from actors.tools.cli import main
 
 @pytest.mark.slow
 def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(spark, capsys):
-    assert main(["demo", "--orders", "200"]) == 0
+    assert main(["demo", "--orders", "200", "--steady-s", "3"]) == 0
     out = capsys.readouterr().out
     summary = dict(
         re.split(r"\s{2,}", line.strip(), maxsplit=1)
@@ -21,14 +21,22 @@ def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(s
         if line.strip()
     )
     assert (summary["lost"], summary["doubled"], summary["out of order"]) == ("0", "0", "0")
-    assert summary["replies back at the shop"] == "600"
-    # order n goes to region n % 3: 67 orders each to EU and US, 66 to APAC, 3 lines each
-    regions = [summary[f"lines at Sales{r}"] for r in ("EU", "US", "APAC")]
-    assert regions == ["201", "201", "198"]
+    # 200 orders at full load, then as many as 3 s at the steady rate take, 3 lines each
+    steady = re.fullmatch(r"([\d,]+) lines in [\d.]+s: [\d,]+ messages/s there and back",
+                          summary["steady rate"])  # fmt: skip
+    lines = 600 + int(steady[1].replace(",", ""))
+    assert summary["full load"].startswith("600 lines in ")
+    assert summary["order lines sent"] == f"{lines:,} of {lines:,} rows"
+    assert summary["replies back at the shop"] == f"{lines:,}"
+    # order n goes to region n % 3: a third of the orders each, give or take one
+    regions = [int(summary[f"lines at Sales{r}"].replace(",", "")) for r in ("EU", "US", "APAC")]
+    assert sum(regions) == lines and max(regions) - min(regions) <= 3
+    assert re.fullmatch(r"p50 [\d,]+ ms, p99 [\d,]+ ms", summary["latency at steady rate"])
     assert summary["result"] == "every line once, in order, both ways"
     # start-up apart from the pipeline's figures; a live line while the orders go out
     assert re.fullmatch(r"Ray [\d.]+s, deploy [\d.]+s, Spark [\d.]+s, first use [\d.]+s",
                         summary["start-up"])  # fmt: skip
     assert "rows sent 600/600" in out and ", replies 600, lag 0" in out
+    assert f"replies {lines - 600:,}, lag 0" in out
     # the Spark session was the running one, and it is still running after the demo
     assert spark.range(3).count() == 3

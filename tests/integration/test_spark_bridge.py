@@ -178,6 +178,25 @@ def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broke
     assert result.ok and result.delivered == 2000
 
 
+def test_a_paced_ingest_keeps_to_its_rate_and_sends_every_row_once(spark, orders_broker):
+    """600 rows at 400 rows a second over 2 partitions (200 each) in calls of 20: the larger
+    partition holds 300 rows or more, so its last call cannot go before 280 / 200 = 1.4 s, nor
+    can the ingest end sooner; every row arrives once, in order."""
+    df = orders_frame(spark, 600, 12)
+    report = ingest(
+        df, orders_broker, **SEND, **ORDER_COLUMNS, ingest_id="paced-1", rows_per_s=400,
+        batch_rows=20, partitions=2, progress=False,
+    )  # fmt: skip
+
+    assert (report.sent, report.rows) == (600, 600)
+    assert report.elapsed_s >= 1.4
+    assert sorted(o["id"] for o in drain(orders_broker)) == list(range(600))
+    result = reconcile(
+        audit_frame(spark, orders_broker), df, ingest_id="paced-1", key="customer", order="ts"
+    )
+    assert result.ok and result.delivered == 600
+
+
 def _end_every_dialog(broker, queue: str) -> int:
     """Receive what waits on `queue` and end each conversation it came on, in the commit."""
     ended = 0
@@ -295,6 +314,8 @@ def test_rows_failing_validation_are_listed_and_the_rest_delivered(spark, orders
         ({"message_type": "NoSuchType"}, UnknownMessageType, "NoSuchType"),
         ({"message_type": "Ack"}, IngestError, "does not let the initiator send 'Ack'"),
         ({"batch_rows": 0}, IngestError, "batch_rows"),
+        ({"rows_per_s": 0}, IngestError, "rows_per_s must be a number above 0"),
+        ({"rows_per_s": "fast"}, IngestError, "rows_per_s must be a number above 0"),
         ({"body_format": "xml"}, IngestError, "body_format"),
         ({"ingest_id": "a/b"}, Exception, "ingest_id"),
     ],

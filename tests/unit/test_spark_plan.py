@@ -20,6 +20,7 @@ from actors.model.catalog import MessageType
 from spark_bridge.plan import (
     MAX_INGEST_ID,
     IngestSpec,
+    Pace,
     PartitionPlanner,
     Rejected,
     broker_of,
@@ -499,3 +500,17 @@ def test_bodies_of_a_slice_of_a_column_are_the_slices_own(body_type):
 
     assert encode_bodies(column.slice(1, 3), "json") == values[1:]
     assert encode_bodies(column.slice(4, 0), "json") == []
+
+
+def test_a_pace_holds_each_call_until_the_rows_before_it_are_due():
+    pace = Pace(100.0, start=10.0)
+    assert pace.wait_s(0, now=10.0) == 0.0  # the first call goes at once
+    assert pace.wait_s(50, now=10.2) == pytest.approx(0.3)  # 50 rows are due at 10.5
+    assert pace.wait_s(50, now=11.0) == 0.0  # behind: no wait, and no burst saved up either
+    assert pace.wait_s(200, now=11.0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("rate", [0, -5.0, float("nan")])
+def test_a_pace_needs_a_rate_above_zero(rate):
+    with pytest.raises(InvalidArgument, match="above 0 rows a second"):
+        Pace(rate, start=0.0)
