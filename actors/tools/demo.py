@@ -153,19 +153,22 @@ class Replies:
 
     def _collect(self) -> None:
         shown, deadline = 0.0, None
+        taken: list[Any] = []  # committed with the next receive: one round trip a turn
         try:
             while self.got < self.rows:
                 if not self.sending.is_set():
                     deadline = deadline or time.monotonic() + self.timeout_s
                     if time.monotonic() > deadline:
                         break
-                groups = self.shop.receive("StoreQ", max_groups=200, top=50_000, wait=0.2)
-                self.got += sum(len(g.messages) for g in groups)
-                if groups:
-                    self.shop.commit(groups)
+                taken = self.shop.receive(
+                    "StoreQ", max_groups=200, top=50_000, wait=0.2, commit=taken
+                )
+                self.got += sum(len(g.messages) for g in taken)
                 if time.monotonic() - shown > 1.0:
                     self._show()
                     shown = time.monotonic()
+            if taken:
+                self.shop.commit(taken)
             self._show()
         except BaseException as exc:  # the caller raises it
             self.error = exc
