@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -114,7 +115,29 @@ def spark_session(
         yield session
     finally:
         raydp.stop_spark()
+        _wait_for_master_gone(app_name)
         restore_ctrl_c(ctrl_c)
+
+
+MASTER_GONE_S = 30.0  # how long a stopped session's master may take to go
+
+
+def _wait_for_master_gone(app_name: str, timeout_s: float = MASTER_GONE_S) -> None:
+    """RayDP stops its master actor without waiting for it, and the next session of the same
+    name cannot start while it still holds the name (`raybroker bench ingest`'s second session
+    failed so): wait until it has gone, polling."""
+    import ray
+    from raydp.spark.ray_cluster_master import RAYDP_SPARK_MASTER_SUFFIX
+
+    name = app_name + RAYDP_SPARK_MASTER_SUFFIX
+    deadline, pause = time.monotonic() + timeout_s, 0.01
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:  # no actor of that name: gone
+            return
+        time.sleep(pause)
+        pause = min(2 * pause, 0.25)
 
 
 def restore_ctrl_c(handler: Any = signal.default_int_handler) -> None:

@@ -41,6 +41,7 @@ OWN_CLUSTER = (
     "tests/integration/test_bench_peers.py::test_every_system_runs_every_workload",
     "tests/integration/test_mirror.py::test_a_mirrored_broker_loses_its_principals_node",
     "tests/integration/test_multinode.py::",
+    "tests/integration/test_spark_bridge.py::test_bench_ingest_measures",
     "tests/integration/test_mirror.py::test_bench_mirror_writes",
 )
 
