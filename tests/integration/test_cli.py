@@ -53,6 +53,19 @@ def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path, capsys)
 
 
 @pytest.mark.slow
+def test_bench_activation_gives_a_rate_for_every_variant_even_when_one_turn_drains_the_queue(
+    ray_session, tmp_path
+):
+    # at 2,000 messages the readers' first turn can take the whole queue, which once left no
+    # drain after it to time: the bench reported 0 messages/s
+    path = tmp_path / "activation.json"
+    assert main(["bench", "activation", *SMOKE, "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "activation"
+    assert all(r["messages_per_s"] > 0 for r in report["rows"]), report["rows"]
+
+
+@pytest.mark.slow
 def test_bench_remote_measures_secured_dialogs_beside_unsecured(ray_session, tmp_path, capsys):
     path = tmp_path / "remote.json"
     assert main(["bench", "remote", *SMOKE, "--secure", "--json", str(path)]) == 0
