@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 import uuid
@@ -121,7 +122,9 @@ def ingest(
     if partitions is not None:
         _whole("partitions", partitions)
     if rows_per_s is not None and (
-        not isinstance(rows_per_s, int | float) or isinstance(rows_per_s, bool) or rows_per_s <= 0
+        not isinstance(rows_per_s, int | float)
+        or isinstance(rows_per_s, bool)
+        or not 0 < rows_per_s < math.inf
     ):
         raise IngestError(f"rows_per_s must be a number above 0, not {rows_per_s!r}")
     if not isinstance(encryption, bool):

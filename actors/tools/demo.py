@@ -18,6 +18,7 @@ out-of-order counts, which must all be zero.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import threading
 import time
@@ -33,6 +34,7 @@ LINES = 3  # Order messages per order (its lines), one dialog per order
 
 
 STEADY_SHARE = 0.6  # the steady phase's rate, as a share of the rate measured at full load
+FIRST_USE = 10**9  # the first use's order ids start here, past any phase's
 
 
 def run(
@@ -45,7 +47,7 @@ def run(
 
     if not isinstance(orders, int) or orders < 1:
         raise InvalidArgument(f"the demo needs at least 1 order, not {orders!r}")
-    if not steady_s > 0:
+    if not 0 < steady_s < math.inf:
         raise InvalidArgument(f"the steady phase needs a time above 0 s, not {steady_s!r}")
     startup: dict[str, float] = {}
     t = time.perf_counter()
@@ -67,7 +69,7 @@ def run(
                 warm = max(30, orders // 20)
                 progress(f"first use: {warm:,} orders start Spark's Python workers and the readers")
                 t = time.perf_counter()
-                _phase(spark, shop, routers, warm, first=10 * orders, show=lambda s: None)
+                _phase(spark, shop, routers, warm, first=FIRST_USE, show=lambda s: None)
                 startup["first use"] = time.perf_counter() - t
                 progress(f"full load: {orders:,} orders ({orders * LINES:,} lines) as fast as "
                          "the routers take them")  # fmt: skip

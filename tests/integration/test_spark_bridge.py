@@ -316,6 +316,7 @@ def test_rows_failing_validation_are_listed_and_the_rest_delivered(spark, orders
         ({"batch_rows": 0}, IngestError, "batch_rows"),
         ({"rows_per_s": 0}, IngestError, "rows_per_s must be a number above 0"),
         ({"rows_per_s": "fast"}, IngestError, "rows_per_s must be a number above 0"),
+        ({"rows_per_s": float("nan")}, IngestError, "rows_per_s must be a number above 0"),
         ({"body_format": "xml"}, IngestError, "body_format"),
         ({"ingest_id": "a/b"}, Exception, "ingest_id"),
     ],
