@@ -132,6 +132,8 @@ def _wait_for_master_gone(app_name: str, timeout_s: float = MASTER_GONE_S) -> No
     name = app_name + RAYDP_SPARK_MASTER_SUFFIX
     deadline, pause = time.monotonic() + timeout_s, 0.01
     while time.monotonic() < deadline:
+        if not ray.is_initialized():  # Ray itself stopped first (get_actor would start one)
+            return
         try:
             ray.get_actor(name)
         except ValueError:  # no actor of that name: gone
