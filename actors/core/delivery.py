@@ -202,9 +202,16 @@ class Delivery(Part):
     # --- into an endpoint ------------------------------------------------------------------------
 
     def deliver(
-        self, w: Changes, far: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
+        self,
+        w: Changes,
+        far: Endpoint,
+        mt: str,
+        bodies: Sequence[bytes],
+        first_seq: int,
+        sent_at: float | None = None,
     ) -> None:
-        """Messages arrive at endpoint `far` (on this broker), in sequence."""
+        """Messages arrive at endpoint `far` (on this broker), in sequence; `sent_at`: when the
+        first of them was sent, on another broker (else now)."""
         w.touch(far)
         if first_seq < far.recv_seq:
             return  # a resend of what already arrived: dropped (delivered once)
@@ -222,17 +229,24 @@ class Delivery(Part):
             # The broker answers Echo dialogs itself, so it also ends them itself.
             self.close(w, far)
             return
-        self.enqueue(w, far, mt, bodies, first_seq)
+        self.enqueue(w, far, mt, bodies, first_seq, sent_at)
 
     def enqueue(
-        self, w: Changes, ep: Endpoint, mt: str, bodies: Sequence[bytes], first_seq: int
+        self,
+        w: Changes,
+        ep: Endpoint,
+        mt: str,
+        bodies: Sequence[bytes],
+        first_seq: int,
+        sent_at: float | None = None,
     ) -> None:
         n = len(bodies)
         first_id = self.state.message_ids(n)
         now, g = w.now, ep.group_no
+        sent = now if sent_at is None else sent_at
         at = len(w.messages)
         # one run (actors.store.segments): no object per message
-        w.messages.append((first_id, g, ep.no, first_seq, mt, bodies, 0, now, now))
+        w.messages.append((first_id, g, ep.no, first_seq, mt, bodies, 0, sent, now))
         nbytes = sum(map(len, bodies)) + ROW_OVERHEAD * n
         queue = self.state.groups[g].queue
         w.arrivals.append(Arrived(queue, g, first_id, n, at, nbytes))

@@ -97,9 +97,15 @@ class CorePort(Part):
         )
 
     def deliver(
-        self, w: Changes, ep: Endpoint, message_type: str, bodies: Sequence[bytes], first_seq: int
+        self,
+        w: Changes,
+        ep: Endpoint,
+        message_type: str,
+        bodies: Sequence[bytes],
+        first_seq: int,
+        sent_at: float | None = None,
     ) -> None:
-        self.delivery.deliver(w, ep, message_type, bodies, first_seq)
+        self.delivery.deliver(w, ep, message_type, bodies, first_seq, sent_at)
 
     def deliver_waiting(self, w: Changes, ep_no: int) -> None:
         ep = self.state.endpoints.get(ep_no)

@@ -237,7 +237,7 @@ class Receiver:
         acks = []
         if start:  # duplicates: already delivered; acknowledge them again
             acks.append(self._ack(bd, seqs[0], seqs[start - 1]))
-        types, bodies = bd.types, bd.bodies
+        types, bodies, sent = bd.types, bd.bodies, bd.sent_ats  # sent: on the sender's clock
         if bd.security is not None or port.session(ep.no) is not None:
             opened = self._opened(w, bd, ep, start)
             if isinstance(opened, str):
@@ -254,13 +254,13 @@ class Receiver:
                 # and the dialog ends with an Error on both sides (it never waits in retries)
                 good, why = refusal
                 if good:
-                    port.deliver(w, ep, types[i], bodies[i : i + good], seqs[i])
+                    port.deliver(w, ep, types[i], bodies[i : i + good], seqs[i], sent[i])
                     acks.append(self._ack(bd, seqs[i], seqs[i + good - 1]))
                 if ep.state is not State.ERROR:  # a resend of a refused message: told once
                     port.post_error(w, ep, MESSAGE_REFUSED, why)
                 acks.append(self._nack(bd, seqs[i + good :], MESSAGE_REFUSED, why))
                 return acks
-            port.deliver(w, ep, types[i], bodies[i : j + 1], seqs[i])
+            port.deliver(w, ep, types[i], bodies[i : j + 1], seqs[i], sent[i])
             acks.append(self._ack(bd, seqs[i], seqs[j]))
             i = j + 1
         return acks  # anything after a gap waits for the resend

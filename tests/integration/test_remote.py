@@ -5,6 +5,7 @@ routes, bad routes, and a target broker killed mid-stream."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -218,6 +219,7 @@ def test_a_route_to_a_broker_started_later_warns_and_its_messages_go_when_it_sta
     assert [r["name"] for r in a.routes()] == ["AutoCreatedLocal", "ToTarget"]
     h = a.begin_dialog("Init", "Target", encryption=False)
     a.apply([Send(h, "DEFAULT", [b"1", b"2"])])
+    sent_by = time.time()
     status = f"ray://{t_name}: broker {t_name!r} is not running; its messages wait until it starts"
     wait_until(
         lambda: [r["transmission_status"] for r in a.transmission_queue()] == [status] * 2,
@@ -225,11 +227,16 @@ def test_a_route_to_a_broker_started_later_warns_and_its_messages_go_when_it_sta
         what="the messages to wait, saying the broker is not running",
     )
 
+    started = time.time()
     t = make_broker(name=t_name)
     host(t)
     [g] = t.receive("TargetQueue", wait=30)
     assert [m.body for m in g.messages] == [b"1", b"2"]
+    # sent when A committed the send, not when they arrived at T (which did not run then)
+    assert all(m.sent_at <= sent_by < started <= m.arrived_at for m in g.messages)
     t.commit(g)
+    records = t.audit()["records"]
+    assert [r["sent_at"] for r in records] == [m.sent_at for m in g.messages]
     wait_until(lambda: sent_out(a), what="the acknowledgement")
     assert a.create_route("Again", "Target", address=addr(t)) == []  # it runs now: no warning
 
