@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +19,7 @@ from actors.remote.discovery import brokers_in
 from actors.tools.console.command import sources
 from actors.tools.console.server import TOKEN_HEADER, Console
 from tests.polling import wait_until
+from tests.ports import free_port
 
 from .conftest import ROOT
 
@@ -65,16 +65,10 @@ def test_the_console_finds_the_brokers_shows_what_waits_and_retries_it(make_brok
     ray.kill(other)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_console_command_serves_the_page_and_the_state(make_broker):
     b = make_broker()
     b.create(Queue("Q"))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import uuid
 
@@ -20,6 +19,7 @@ from actors.tools.console.command import names_of, sources
 from actors.tools.console.server import Console
 from tests.browser import Browser, chromium_or_skip
 from tests.polling import wait_until
+from tests.ports import free_port
 from topologies.deploy import deploy
 from topologies.loader import load
 
@@ -48,12 +48,6 @@ def _topology(tag: str) -> dict:
             },
         ]
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
@@ -86,7 +80,7 @@ def test_an_operator_sees_the_topology_its_flow_what_waits_and_re_enables_a_queu
     topology = load(str(tmp_path / "t.yaml"))
     d = deploy(topology, str(tmp_path / "data"))
     shop, work = d.brokers[f"shop-{tag}"], d.brokers[f"work-{tag}"]
-    port = _free_port()
+    port = free_port()
     console = Console(sources("raybroker", names_of(topology)), port=port, every_s=0.3)
     served = Served(console)
     browser = Browser(binary)

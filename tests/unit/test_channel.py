@@ -21,6 +21,7 @@ from actors.client import channel as ch
 from actors.errors import InvalidArgument
 from actors.service import channel as srv
 from tests.polling import apoll, wait_until
+from tests.ports import free_port
 
 
 class Token:
@@ -659,7 +660,7 @@ def test_the_channel_port_comes_from_the_operators_range():
         server = srv.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(port, port + 1))
         with pytest.raises(ch.ChannelRefused, match="no port of"):
             await server.ticket(None)
-        free = _free_port()
+        free = free_port()
         server = srv.ChannelServer(Broker().dispatch, "127.0.0.1", ports=range(free, free + 1))
         _, got, _ = await server.ticket(None)
         server.close()
@@ -668,12 +669,6 @@ def test_the_channel_port_comes_from_the_operators_range():
 
     got, free = asyncio.run(main())
     assert got == free
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _closed(reader: asyncio.StreamReader) -> bytes:
