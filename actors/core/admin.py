@@ -70,7 +70,7 @@ class Admin(Part):
             if isinstance(new, Queue) and old.enabled and not new.enabled:
                 w.event("QueueDisabled", name, "disabled by alter")
             if isinstance(new, Queue) and new.retention != old.retention:
-                self.store.settle_received([g.no for g in st.groups.values() if g.queue == name])
+                self.store.settle_received(self.store.group_nos_of_queue(name))
             if isinstance(new, Service):
                 self.delivery.unpark_service(w, name)
             if isinstance(new, CREDENTIALS):
@@ -86,7 +86,7 @@ class Admin(Part):
             if kind == "service":
                 users = sum(
                     1
-                    for ep in st.endpoints.values()
+                    for ep, _ in st.every_endpoint()
                     if ep.service == name and ep.state is not State.CLOSED
                 )
                 if users:

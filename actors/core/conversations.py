@@ -67,14 +67,14 @@ class Conversations(Part):
         first run begins thousands, none remembered)."""
         known = self._ended
         if known is None:
-            live = self.state.handles
+            live = self.state.endpoints
             asked = {
                 op.handle
                 for op in self._ops
                 if isinstance(op, Begin)
                 and op.if_absent
                 and isinstance(op.handle, str)
-                and op.handle not in live
+                and live.by_handle(op.handle) is None
             }
             asked.add(handle)
             found = self.store.ended_reruns(list(asked))
@@ -89,13 +89,13 @@ class Conversations(Part):
         contract = st.catalog.contract(op.contract)
         check_name("service", op.to_service)
         if op.if_absent:
-            live = st.handles.get(op.handle) if isinstance(op.handle, str) else None
+            live = st.endpoints.by_handle(op.handle)
             if live is not None:
                 return self._begun(op, live.is_initiator, *live.identity(), ended=False)
             ended = self._ended_rerun(op.handle) if isinstance(op.handle, str) else None
             if ended is not None:  # a re-run after the dialog ended and went: not again
                 return self._begun(op, True, *ended[:4], ended=True)
-        if not isinstance(op.handle, str) or not op.handle or op.handle in st.handles:
+        if not isinstance(op.handle, str) or not op.handle or st.endpoints.by_handle(op.handle):
             raise InvalidArgument(f"conversation handle {op.handle!r} is empty or already in use")
         lifetime = checks.seconds("dialog lifetime", op.lifetime, none=True)
         far_broker = op.to_broker  # an explicit to_broker is never overridden
@@ -129,7 +129,7 @@ class Conversations(Part):
         elif op.related_group is not None:
             if not isinstance(op.related_group, str) or not op.related_group:
                 raise InvalidArgument("related_group must be a conversation group id string")
-            group_no = st.group_nos.get(op.related_group) or st.new_group(
+            group_no = st.groups.by_id(op.related_group) or st.new_group(
                 w, svc.queue, op.related_group
             )
         else:
@@ -142,7 +142,7 @@ class Conversations(Part):
                 "queue"
             )
         conversation_id = op.conversation_id or new_uuid()
-        if (conversation_id, True) in st.conversations:
+        if op.conversation_id and st.endpoints.by_conversation(conversation_id, True):
             raise InvalidArgument(
                 f"conversation id {conversation_id!r} is already a dialog on this broker; "
                 "choose another (or leave it out for a fresh one)"
@@ -194,7 +194,7 @@ class Conversations(Part):
     def _endpoint(self, handle: str) -> Endpoint:
         """The live endpoint on `handle`; ConversationEnded when it is the handle of a dialog
         begun if absent that ended and went (a re-run's Begin answers with such a handle)."""
-        ep = self.state.handles.get(handle) if isinstance(handle, str) else None
+        ep = self.state.endpoints.by_handle(handle)
         if ep is None:
             if isinstance(handle, str) and self._ended_rerun(handle) is not None:
                 raise ConversationEnded(
@@ -252,7 +252,7 @@ class Conversations(Part):
         """Whether the dialog on `handle` sent every message of this SEND ... AT before: live,
         or ended and remembered (begun `if_absent`, see `actors.core.work`)."""
         assert op.at is not None
-        ep = self.state.handles.get(handle) if isinstance(handle, str) else None
+        ep = self.state.endpoints.by_handle(handle)
         if ep is not None:
             return op.at + len(op.bodies) <= ep.sent_by_user()
         ended = self._ended_rerun(handle) if isinstance(handle, str) else None

@@ -50,7 +50,7 @@ class CorePort(Part):
         return self.state.endpoints.get(no)
 
     def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None:
-        return self.state.conversations.get((conversation_id, is_initiator))
+        return self.state.endpoints.by_conversation(conversation_id, is_initiator)
 
     def ended_recv_seq(self, conversation_id: str) -> int | None:
         return self.store.ended_recv_seq(conversation_id)

@@ -1,6 +1,7 @@
 """The broker's state: what one broker holds in memory, loaded from its store.
 
-Endpoints (by number, handle and conversation), conversation groups, each queue's index of
+Endpoints (by number, handle and conversation) and conversation groups in use (the store holds
+them all: `actors.core.working_set`), each queue's index of
 waiting groups, dialogs parked in the transmission queue, timers, locks, poison counts, the read
 cache, the route tables and the next free keys. Other modules read it freely; it changes only
 inside a unit of work (`actors.core.work`), which can undo what a failed verb did.
@@ -9,6 +10,8 @@ inside a unit of work (`actors.core.work`), which can undo what a failed verb di
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from actors.core.changes import Changes, Group
@@ -16,6 +19,7 @@ from actors.core.keyring import Keyring
 from actors.core.locks import LockTable, QueueIndex
 from actors.core.poison import PoisonCounter
 from actors.core.readcache import ReadCache
+from actors.core.working_set import Endpoints, Groups
 from actors.counters import Counts
 from actors.errors import ConversationNotFound, InvalidArgument
 from actors.ids import new_uuid
@@ -24,8 +28,10 @@ from actors.model.dialogs import Endpoint, State
 from actors.model.limits import Limits
 from actors.model.routing import Route, RouteTable
 from actors.store.database import Store
+from actors.store.keyed import EndpointRow
 
 ROUTE_TABLES = ("routes", "instance")  # the broker's own routes; its instance routes
+TIMER_WINDOW_S = 60.0  # how far ahead timers, lifetimes and purges are read from the store
 
 
 class Due(NamedTuple):
@@ -34,6 +40,15 @@ class Due(NamedTuple):
     at: float
     endpoint_no: int
     kind: str  # "timer", "lifetime", "purge" or "purge-retry"
+
+
+def _endpoint(row: EndpointRow) -> Endpoint:
+    ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:16], bool(row[16]))
+    ep.rerunnable = bool(row[18])
+    return ep
+
+
+_number = attrgetter("no")
 
 
 class BrokerState:
@@ -51,35 +66,32 @@ class BrokerState:
         self.locks = LockTable(limits.lease_s)
         self.poison = PoisonCounter()
         self.cache = ReadCache(limits.read_cache_bytes)
-        self.groups: dict[int, Group] = {}
-        self.group_nos: dict[str, int] = {}  # group id -> number
-        stateful = store.stateful_groups()
-        for no, gid, queue in store.load_groups():
-            self.add_group(Group(no, gid, queue, stateful=no in stateful))
-        self.endpoints: dict[int, Endpoint] = {}
-        self.handles: dict[str, Endpoint] = {}
-        self.conversations: dict[tuple[str, bool], Endpoint] = {}  # (id, is_initiator)
+        # the store is the truth for endpoints and groups: those in use are kept in memory
+        # (actors.core.working_set), and nothing here reads them all
+        self.store = store
+        self.groups = Groups(limits.endpoint_cache, self._group_by_no, store.group_no_of)
+        self.endpoints = Endpoints(
+            limits.endpoint_cache,
+            lambda no: self._endpoint_of(store.endpoint_by_no(no)),
+            lambda handle: self._endpoint_of(store.endpoint_by_handle(handle)),
+            lambda cid, init: self._endpoint_of(store.endpoint_by_conversation(cid, init)),
+            evicted=lambda ep: self.keyring.sessions.pop(ep.no, None),
+        )
+        if store.fits(limits.endpoint_cache // 2):  # all fit: read them once, ask no more
+            for no, gid, queue, stateful, members in store.all_groups():
+                self.groups.add(Group(no, gid, queue, members, bool(stateful)))
+            for row in store.all_endpoints():
+                self.endpoints.add(self._endpoint_of(row))
+            self.endpoints.complete = self.groups.complete = True
         self.timers: list[Due] = []  # a heap; entries no longer current are skipped
         self._current: dict[tuple[int, str], float] = {}  # (endpoint, kind) -> its due time
-        for row in store.load_endpoints():
-            ep = Endpoint(
-                *row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:16], bool(row[16])
-            )
-            self.add_endpoint(ep)
-            self.schedule(ep)
-        keys = store.dialog_keys()
-        if keys:  # secured dialogs' session keys: they open with the master key
-            ids = {no: ep.conversation_id for no, ep in self.endpoints.items()}
-            self.keyring.load(keys, ids)
-        for handle in store.rerunnable_handles():
-            if handle in self.handles:
-                self.handles[handle].rerunnable = True
-        # whether the store remembers any dialog begun if absent (a plain Begin that takes such
-        # a handle again then drops what is remembered of it: actors.core.work)
+        # what falls due up to `horizon` is in `timers`; what falls due later is found from the
+        # store's indexes when the horizon moves (`pop_due`), not scheduled for every dialog
+        self.horizon: float | None = None
         self.reruns = store.has_reruns()
         self.queues: dict[str, QueueIndex] = {q: QueueIndex() for q in self.catalog.queues}
-        for g, count, first in store.waiting_by_group():
-            self.index_of(g).add(g, first, count, locked=False)
+        for g, queue, count, first in store.waiting_by_group():
+            self.queue_index(queue).add(g, first, count, locked=False)
         self.parked: set[int] = set(store.parked_endpoints())
         # of those, the ones whose messages are on their way to another broker now (the
         # transport's dispatcher keeps it: one batch per dialog at a time)
@@ -103,14 +115,14 @@ class BrokerState:
     # --- lookups ---------------------------------------------------------------------------------
 
     def endpoint(self, handle: str) -> Endpoint:
-        ep = self.handles.get(handle) if isinstance(handle, str) else None
+        ep = self.endpoints.by_handle(handle)
         if ep is None:
             raise ConversationNotFound(handle)
         return ep
 
     def far(self, ep: Endpoint) -> Endpoint | None:
         """The other side of `ep`'s dialog, when it is on this broker too."""
-        return self.conversations.get((ep.conversation_id, not ep.is_initiator))
+        return self.endpoints.by_conversation(ep.conversation_id, not ep.is_initiator)
 
     def queue_index(self, queue: str) -> QueueIndex:
         idx = self.queues.get(queue)
@@ -122,7 +134,7 @@ class BrokerState:
         return self.queue_index(self.groups[group_no].queue)
 
     def group_no(self, group_id: Any) -> int:
-        no = self.group_nos.get(group_id) if isinstance(group_id, str) else None
+        no = self.groups.by_id(group_id)
         if no is None:
             raise InvalidArgument(f"no conversation group {group_id!r} on this broker")
         return no
@@ -140,28 +152,62 @@ class BrokerState:
 
     # --- registering (callers record the change in their unit of work) ---------------------------
 
+    def _endpoint_of(self, row: EndpointRow | None) -> Endpoint | None:
+        """An endpoint read from the store (`Store.endpoint_by_no`), to keep in memory: with
+        its session key, if it has one."""
+        if row is None:
+            return None
+        ep = _endpoint(row)
+        if row[17] is not None:  # a secured dialog's session key: it opens with the master key
+            self.keyring.load([(ep.no, row[17])], {ep.no: ep.conversation_id})
+        return ep
+
+    def every_endpoint(self) -> Iterator[tuple[Endpoint, bool]]:
+        """(endpoint, has a session key) for every endpoint, as memory has it now: for views
+        and checks that look at all of them (it reads the store; it caches nothing)."""
+        last, sessions = 0, self.keyring.sessions
+        for row in self.store.all_endpoints():
+            last = row[0]
+            ep = self.endpoints.peek(last)
+            yield (_endpoint(row), row[17] is not None) if ep is None else (ep, last in sessions)
+        # begun in the unit of work open now, not written yet: numbered after every stored one
+        for ep in sorted((e for e in self.endpoints.cached() if e.no > last), key=_number):
+            yield ep, ep.no in sessions
+
+    def _group_by_no(self, no: int) -> Group | None:
+        row = self.store.group_by_no(no)
+        if row is None:
+            return None
+        no, gid, queue, stateful, members = row
+        return Group(no, gid, queue, members, bool(stateful))
+
+    def working_set(self) -> dict[str, int]:
+        """What the working set holds now, and its reads of the store and evictions so far."""
+        eps, groups = self.endpoints, self.groups
+        return {"endpoints": len(eps), "groups": len(groups), "reads": eps.misses + groups.misses,
+                "evicted": eps.evicted + groups.evicted}  # fmt: skip
+
+    def trim(self) -> None:
+        """Bring the working set back to its bound (no transaction may be open): what a
+        receive holds and what is on its way to another broker stays."""
+        self.endpoints.trim(self.sending.__contains__)
+        self.groups.trim(self.locks.is_locked)
+
     def add_group(self, g: Group) -> None:
-        self.groups[g.no] = g
-        self.group_nos[g.group_id] = g.no
+        self.groups.add(g)
 
     def forget_group(self, no: int) -> None:
-        g = self.groups.pop(no, None)
-        if g is not None:
-            self.group_nos.pop(g.group_id, None)
+        if self.groups.discard(no) is not None:
             self.cache.drop(no)
 
     def add_endpoint(self, ep: Endpoint) -> None:
-        self.endpoints[ep.no] = ep
-        self.handles[ep.handle] = ep
-        self.conversations[(ep.conversation_id, ep.is_initiator)] = ep
+        self.endpoints.add(ep)
         self.groups[ep.group_no].members += 1
 
     def drop_endpoint(self, ep: Endpoint) -> None:
         self.forget_schedule(ep.no)
         self.keyring.sessions.pop(ep.no, None)
-        self.endpoints.pop(ep.no, None)
-        self.handles.pop(ep.handle, None)
-        self.conversations.pop((ep.conversation_id, ep.is_initiator), None)
+        self.endpoints.discard(ep.no)
         g = self.groups.get(ep.group_no)
         if g is not None:
             g.members -= 1
@@ -208,8 +254,9 @@ class BrokerState:
     def schedule(self, ep: Endpoint) -> None:
         """(Re)schedule what `ep` has due: its timer, its lifetime and, once closed, its purge."""
         purge_at = None if ep.closed_at is None else ep.closed_at + self.limits.closed_retention_s
+        horizon = float("inf") if self.horizon is None else self.horizon
         for at, kind in ((ep.timer_at, "timer"), (ep.expires_at, "lifetime"), (purge_at, "purge")):
-            if at is None:
+            if at is None or at > horizon:  # later: found in the store when the horizon moves
                 self._current.pop((ep.no, kind), None)
             else:
                 self.schedule_purge(ep.no, at, kind)
@@ -227,8 +274,22 @@ class BrokerState:
     def _is_current(self, d: Due) -> bool:
         return self._current.get((d.endpoint_no, d.kind)) == d.at
 
+    def _advance(self, now: float) -> None:
+        """Schedule what the store says falls due between the horizon and `TIMER_WINDOW_S`
+        after `now`, and move the horizon there."""
+        until, after = now + TIMER_WINDOW_S, self.horizon
+        retention = self.limits.closed_retention_s
+        for no, timer_at, expires_at, closed_at in self.store.due_between(after, until, retention):
+            purge_at = None if closed_at is None else closed_at + retention
+            for at, kind in ((timer_at, "timer"), (expires_at, "lifetime"), (purge_at, "purge")):
+                if at is not None and (after is None or at > after) and at <= until:
+                    self.schedule_purge(no, at, kind)
+        self.horizon = until
+
     def pop_due(self, now: float) -> list[Due]:
         """Take every current entry due by `now` off the schedule."""
+        if self.horizon is None or now >= self.horizon:
+            self._advance(now)
         due = []
         while self.timers and self.timers[0].at <= now:
             d = heapq.heappop(self.timers)
@@ -246,7 +307,9 @@ class BrokerState:
         for kind in ("timer", "lifetime", "purge", "purge-retry"):
             self._current.pop((ep_no, kind), None)
 
-    def next_due(self) -> float | None:
+    def next_due(self) -> float:
+        """When to look at the schedule next: its first entry, or the horizon (to move it)."""
         while self.timers and not self._is_current(self.timers[0]):
             heapq.heappop(self.timers)
-        return self.timers[0].at if self.timers else None
+        horizon = 0.0 if self.horizon is None else self.horizon
+        return min(self.timers[0].at, horizon) if self.timers else horizon

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from actors.core.changes import Group
+from actors.errors import InvalidArgument
 from actors.model import checks
 from actors.store import audit as audit_format
 from actors.store.database import Store
@@ -16,7 +18,6 @@ if TYPE_CHECKING:
 def endpoints(state: BrokerState) -> list[dict[str, Any]]:
     """sys.conversation_endpoints. `encryption`: begun with ENCRYPTION on; `secured`: the
     dialog has a session key here (its messages cross between brokers sealed)."""
-    sessions = state.keyring.sessions
     return [
         {
             "conversation_handle": ep.handle,
@@ -33,9 +34,9 @@ def endpoints(state: BrokerState) -> list[dict[str, Any]]:
             "lifetime_expires_at": ep.expires_at,
             "timer_due_at": ep.timer_at,
             "encryption": ep.encryption,
-            "secured": ep.no in sessions,
+            "secured": secured,
         }
-        for ep in state.endpoints.values()
+        for ep, secured in state.every_endpoint()
     ]
 
 
@@ -43,7 +44,7 @@ def queue(state: BrokerState, store: Store, queue: str, limit: int = 1000) -> li
     """The rows of one queue, in queue order, with each message's status."""
     checks.page(0, limit)
     state.catalog.queue(queue)
-    groups = [g.no for g in state.groups.values() if g.queue == queue]
+    groups = store.group_nos_of_queue(queue)
     out = []
     for qo, ep_no, seq, mt, body, sent, arrived, g, status in store.queue_rows(groups, limit):
         ep = state.endpoints.get(ep_no)
@@ -89,10 +90,11 @@ def queues(state: BrokerState) -> dict[str, dict[str, Any]]:
 
 def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[dict[str, Any]]:
     """Conversation groups: queue, waiting messages, lock, and the group's state."""
+    if queue is not None and not isinstance(queue, str):
+        raise InvalidArgument(f"queue must be a queue's name (or None for all), not {queue!r}")
     out = []
-    for g in state.groups.values():
-        if queue is not None and g.queue != queue:
-            continue
+    for row in store.all_groups(queue):
+        g = state.groups.peek(row[0]) or Group(*row[:3], row[4], bool(row[3]))
         lock = state.locks.by_group.get(g.no)
         out.append(
             {

@@ -120,6 +120,7 @@ class UnitOfWork:
                 g.requests[request_id] = record
         else:
             self._apply(w)
+            self.state.trim()
         return result
 
     def shared(self, changes: list[Callable[[], Any]]) -> list[Any] | None:
@@ -209,6 +210,7 @@ class UnitOfWork:
             self._group = None
         for w in g.units:
             self._apply(w)
+        self.state.trim()
 
     @property
     def tx_lost(self) -> bool:
@@ -247,14 +249,18 @@ class UnitOfWork:
         for undo in reversed(w.undo):
             undo()
 
-    def _drop_emptied_groups(self, w: Changes) -> None:
-        """A conversation group goes with its last conversation (END WITH CLEANUP, or a closed
-        dialog purged), once no message of it is left: memory and store stay bounded."""
+    def _emptied_groups(self, w: Changes) -> list[int]:
+        """The groups whose last conversations `w` ends (END WITH CLEANUP, or a closed dialog
+        purged): they go once no message of them is left, so memory and store stay bounded.
+        Asked before the endpoints' rows go (a group read from the store counts its rows)."""
         st = self.state
         dying = Counter({ep.no: ep.group_no for ep in w.dead_endpoints}.values())
-        gone = [g for g, n in dying.items() if g in st.groups and st.groups[g].members <= n]
-        if gone:
-            empty = self.store.delete_empty_groups(gone)
+        return [g for g, n in dying.items() if g in st.groups and st.groups[g].members <= n]
+
+    def _drop_groups(self, w: Changes, gone: list[int]) -> None:
+        st = self.state
+        empty = self.store.delete_empty_groups(gone)
+        if empty:
             w.after.append(lambda: [st.forget_group(g) for g in empty])
 
     def _remember_ended(self, w: Changes) -> None:
@@ -312,9 +318,11 @@ class UnitOfWork:
             if settled:
                 store.update_endpoints([endpoint_settings(eps[no]) for no in settled])
         if dead:
+            gone = self._emptied_groups(w)
             store.delete_endpoints(dead)
             self._remember_ended(w)
-            self._drop_emptied_groups(w)
+            if gone:
+                self._drop_groups(w, gone)
         if w.messages:
             store.insert_messages(w.messages)
         if w.transmission:

@@ -30,6 +30,9 @@ class Limits:
     event_rows: int = 10_000
     request_retention_s: float = 600.0  # how long a retried call is recognised
     read_cache_bytes: int = 256 << 20  # waiting messages kept in memory for receive
+    # dialog endpoints (and as many conversation groups) kept in memory; the rest stay in the
+    # store and are read back by key when used: memory follows the dialogs in use
+    endpoint_cache: int = 100_000
     prune_every_s: float = 60.0
     # --- between brokers ---
     forward_buffer: int = 10_000  # messages a forwarding broker holds in memory at once

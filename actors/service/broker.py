@@ -263,6 +263,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs, Waiting):
             "limits": self.limits,
             # how many of its modules this process runs compiled (actors.compiled)
             "compiled_modules": len(running_compiled("actors")),
+            "working_set": self.core.state.working_set(),
         }
 
     async def define(self, kind: str, record: dict[str, Any], request_id: str) -> None:

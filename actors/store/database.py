@@ -25,6 +25,7 @@ from actors.packing import packb
 from actors.store import segments
 from actors.store.checkpoint import CHECKPOINT_PRAGMAS, Checkpointer
 from actors.store.file import Connection, check_file, lock, marks, parts, reason
+from actors.store.keyed import ENDPOINT_COLUMNS, KEYED_INDEXES, KeyedReads
 from actors.store.queued import INSERT_SEGMENTS, SCHEMA_VERSION, QueuedMessages
 from actors.store.savepoints import HeldWrites, Savepoint
 from actors.store.traces import EndedTraces
@@ -79,15 +80,10 @@ CREATE TABLE IF NOT EXISTS rerunnable (
 CREATE INDEX IF NOT EXISTS rerunnable_ended ON rerunnable (ended_at) WHERE ended_at IS NOT NULL;
 """
 
-ENDPOINT_COLUMNS = (
-    "no, handle, conversation_id, is_initiator, service, far_service, contract, group_no, state, "
-    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent, encryption"
-)
-ENDPOINT_COLUMNS_LIVE = ENDPOINT_COLUMNS.replace("send_seq, recv_seq", "s.send_seq, s.recv_seq")
 MESSAGE_COLUMNS = "id, endpoint_no, seq, type, body, sent_at, arrived_at"  # a receive's rows
 
 
-class Store(QueuedMessages, TransmissionRows, EndedTraces):
+class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
     """SQLite persistence for one broker. `durability`: "normal" (a committed transaction survives
     the process being killed; WAL with synchronous=NORMAL) or "full" (also survives power loss)."""
 
@@ -113,7 +109,7 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.execute("PRAGMA cache_size=-65536")  # 64 MiB: receive reads what send wrote
-            self.db.executescript(SCHEMA)
+            self.db.executescript(SCHEMA + KEYED_INDEXES)
             self._seqs_of_older_stores()
             self._segments_of_older_stores()
             # the broker id is born with the store and never changes
@@ -206,14 +202,8 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
 
     # --- groups ----------------------------------------------------------------------------------
 
-    def load_groups(self) -> list[tuple[int, str, str]]:
-        return self.db.execute("SELECT no, group_id, queue FROM groups").fetchall()
-
     def insert_groups(self, rows: Iterable[tuple[int, str, str]]) -> None:
         self.db.executemany("INSERT INTO groups (no, group_id, queue) VALUES (?, ?, ?)", rows)
-
-    def stateful_groups(self) -> set[int]:
-        return {no for (no,) in self.db.execute("SELECT no FROM groups WHERE state IS NOT NULL")}
 
     def group_state(self, no: int) -> bytes | None:
         row = self.db.execute("SELECT state FROM groups WHERE no=?", (no,)).fetchone()
@@ -226,9 +216,13 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
         self.db.executemany("DELETE FROM groups WHERE no=?", ((n,) for n in nos))
 
     def delete_empty_groups(self, nos: Iterable[int]) -> list[int]:
-        """Delete those of the groups `nos` that hold no message rows; returns which."""
-        held = "SELECT 1 FROM segments WHERE group_no=? LIMIT 1"
-        empty = [n for n in nos if self.db.execute(held, (n,)).fetchone() is None]
+        """Delete those of the groups `nos` that hold no message rows and no endpoint; returns
+        which."""
+        held = (
+            "SELECT EXISTS (SELECT 1 FROM segments WHERE group_no=?1) "
+            "OR EXISTS (SELECT 1 FROM endpoints WHERE group_no=?1)"
+        )
+        empty = [n for n in nos if not self.db.execute(held, (n,)).fetchone()[0]]
         self.delete_groups(empty)
         return empty
 
@@ -242,8 +236,8 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
 
     def _seqs_of_older_stores(self) -> None:
         """Endpoints without a row in `endpoint_seqs` (a store written before it existed, or
-        rows an earlier raybroker wrote since) get theirs from the endpoints table, on every
-        open; those that have one keep it. An endpoints table written before `user_sent`
+        rows an earlier raybroker wrote since) get theirs from the endpoints table when the
+        store opens; those that have one keep it. An endpoints table written before `user_sent`
         existed gets the column (empty: such endpoints' users sent all their messages); one
         written before dialog security gets `encryption` (off: such dialogs go in the clear)."""
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(endpoints)")}
@@ -253,9 +247,15 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
             self.db.execute(
                 "ALTER TABLE endpoints ADD COLUMN encryption INTEGER NOT NULL DEFAULT 0"
             )
-        self.db.execute(
-            "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
-        )
+        # endpoints are numbered upwards, so rows written without theirs include the highest:
+        # two lookups by key, not a pass over millions of endpoints, on every open
+        behind = self.db.execute(
+            "SELECT (SELECT MAX(no) FROM endpoints) IS NOT (SELECT MAX(no) FROM endpoint_seqs)"
+        ).fetchone()[0]
+        if behind:
+            self.db.execute(
+                "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
+            )
 
     def _segments_of_older_stores(self) -> None:
         """A store written before segments (schema 1) keeps its messages a row each in a
@@ -271,11 +271,6 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
                 self.set_meta("schema", SCHEMA_VERSION)
         elif self.get_meta("schema") is None:
             self.set_meta("schema", SCHEMA_VERSION)
-
-    def load_endpoints(self) -> list[tuple[Any, ...]]:
-        return self.db.execute(
-            f"SELECT {ENDPOINT_COLUMNS_LIVE} FROM endpoints e JOIN endpoint_seqs s USING (no)"
-        ).fetchall()
 
     def upsert_endpoints(self, rows: Iterable[Sequence[Any]]) -> None:
         rows = list(rows)
@@ -312,9 +307,6 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces):
     def put_dialog_keys(self, rows: Iterable[tuple[int, bytes]]) -> None:
         """Secured dialogs' session keys, sealed under the master key: (endpoint no, sealed)."""
         self.db.executemany("INSERT OR REPLACE INTO dialog_keys VALUES (?, ?)", rows)
-
-    def dialog_keys(self) -> list[tuple[int, bytes]]:
-        return self.db.execute("SELECT endpoint_no, sealed FROM dialog_keys").fetchall()
 
     def max_keys(self) -> tuple[int, int, int]:
         """The highest endpoint, group and message numbers in use (0 when none). An endpoint

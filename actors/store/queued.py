@@ -118,11 +118,12 @@ class QueuedMessages:
         )
         return ids
 
-    def waiting_by_group(self) -> list[tuple[int, int, int]]:
-        """(group_no, count, first id) of every group with waiting messages."""
+    def waiting_by_group(self) -> list[tuple[int, str, int, int]]:
+        """(group_no, queue, count, first id) of every group with waiting messages."""
         return self.db.execute(
-            "SELECT group_no, SUM(last_id - taken_to), MIN(taken_to + 1) FROM segments "
-            "WHERE taken_to<last_id GROUP BY group_no"
+            "SELECT s.group_no, g.queue, SUM(s.last_id - s.taken_to), MIN(s.taken_to + 1) "
+            "FROM segments s JOIN groups g ON g.no = s.group_no "
+            "WHERE s.taken_to<s.last_id GROUP BY s.group_no"
         ).fetchall()
 
     def queue_rows(self, group_nos: Sequence[int], limit: int) -> list[tuple[Any, ...]]:

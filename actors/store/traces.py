@@ -46,11 +46,6 @@ class EndedTraces:
         """Whether any dialog begun with `if_absent` is remembered, live or ended."""
         return self.db.execute("SELECT 1 FROM rerunnable LIMIT 1").fetchone() is not None
 
-    def rerunnable_handles(self) -> list[str]:
-        """The live dialogs begun with `if_absent`."""
-        q = "SELECT handle FROM rerunnable WHERE ended_at IS NULL"
-        return [h for (h,) in self.db.execute(q)]
-
     def end_reruns(self, rows: Iterable[tuple[str, str, str, str, str, int, float]]) -> None:
         """rows: (handle, conversation_id, service, far_service, contract, send_seq, ended_at)
         of dialogs begun with `if_absent` whose initiator endpoint just went."""

@@ -10,16 +10,17 @@ from typing import Any
 
 from actors.errors import BrokerError
 
-FULL_SIZE = {"ingest": 1_000_000}  # messages per scenario when neither --messages nor --quick
+# messages (dialogs: open dialogs) per scenario when neither --messages nor --quick
+FULL_SIZE = {"ingest": 1_000_000, "dialogs": 1_000_000}
 
 
 def _bench_scenarios() -> dict[str, Callable[..., Any]]:
-    from actors.tools.bench import activation, ddr, local, mirror, remote
+    from actors.tools.bench import activation, ddr, dialogs, local, mirror, remote
     from actors.tools.bench.peers import run as peers
 
     scenarios = {"local": local.run, "activation": activation.run, "remote": remote.run}
     return scenarios | {"ddr": ddr.run, "ingest": _ingest_bench, "peers": peers.run,
-                        "mirror": mirror.run}  # fmt: skip
+                        "mirror": mirror.run, "dialogs": dialogs.run}  # fmt: skip
 
 
 def _ingest_bench(*args: Any, **kwargs: Any) -> Any:
@@ -56,7 +57,7 @@ def _bench(args: argparse.Namespace) -> int:
     progress = lambda s: print(f"... {s}", flush=True)  # noqa: E731
     try:
         warm_up = not args.quick  # a smoke test's figures are not compared
-        if args.scenario in ("peers", "mirror"):  # each repeats inside what it starts once
+        if args.scenario in ("peers", "mirror", "dialogs"):  # each repeats inside what it starts
             report = scenarios[args.scenario](
                 load, progress=progress, repeats=args.repeats, warm_up=warm_up
             )
@@ -104,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="measure a scenario beside its baselines")
     bench.add_argument("scenario", help="local, remote, activation, ddr, ingest, peers or mirror")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    bench.add_argument("--messages", type=int, help="how many messages")
+    bench.add_argument(
+        "--messages", type=int, help="how many messages (dialogs: how many open dialogs)"
+    )
     bench.add_argument(
         "--quick",
         action="store_true",

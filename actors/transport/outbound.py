@@ -102,11 +102,14 @@ class Dispatcher:
             out.rows += [r.id for r in ep_rows]
             out.seqs += [(ep_no, r.seq) for r in ep_rows]
             out.endpoints.append(ep_no)
+        # the fresh keys are stored first: a transaction may let the broker's working set go
+        # back to its bound, and a dialog evicted keeps only the key its store has
+        kept = not fresh or self._keep_sessions(fresh)
         if delays or local:
             self._route_here(delays, local)
-        outs = [*full, *batches.values()]
-        if fresh and not self._keep_sessions(fresh):
+        if not kept:
             return []  # nothing sealed with a key that is not stored goes; all is retried
+        outs = [*full, *batches.values()]
         for out in outs:
             self.inflight.update(out.rows)
             self.inflight_eps.update(out.endpoints)

@@ -78,6 +78,24 @@ def test_bench_remote_measures_secured_dialogs_beside_unsecured(ray_session, tmp
     assert "msg/s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_bench_dialogs_reports_memory_per_dialog_the_restart_and_the_hot_subset(
+    ray_session, tmp_path
+):
+    path = tmp_path / "dialogs.json"
+    assert main(["bench", "dialogs", *SMOKE, "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    params = report["params"]
+    assert report["scenario"] == "dialogs" and params["dialogs"] == 2000
+    assert params["rss_bytes_per_dialog"] > 0 and params["restart_s"] > 0
+    assert params["hot_ratio"] > 0
+    hot, cached, memory, restart = report["rows"]
+    assert hot["messages_per_s"] > 0 and cached["messages_per_s"] > 0
+    assert "x all cached" in hot["notes"]
+    assert "bytes of RSS per open dialog" in memory["notes"]
+    assert "median of 1" in restart["notes"]
+
+
 def test_an_unknown_bench_scenario_is_a_clear_error(capsys):
     assert main(["bench", "nope"]) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err

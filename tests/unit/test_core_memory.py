@@ -19,9 +19,9 @@ def held(core) -> dict[str, int]:
     return {
         "timer entries": len(st.timers),
         "endpoints": len(st.endpoints),
-        "handles": len(st.handles),
+        "handles": len(st.endpoints._handles),
         "groups": len(st.groups),
-        "group ids": len(st.group_nos),
+        "group ids": len(st.groups._ids),
         "cached groups": len(st.cache._runs),
     }
 
@@ -84,10 +84,10 @@ def test_a_group_goes_only_with_its_last_conversation(core, open_dialog):
     d2 = open_dialog(core, related_group="shared")
 
     core.apply([End(d1.init, cleanup=True)])
-    assert "shared" in core.state.group_nos
+    assert core.state.groups.by_id("shared") is not None
 
     core.apply([End(d2.init, cleanup=True)])
-    assert "shared" not in core.state.group_nos
+    assert core.state.groups.by_id("shared") is None
     assert core.store.db.execute(
         "SELECT count(*) FROM groups WHERE group_id='shared'"
     ).fetchone() == (0,)

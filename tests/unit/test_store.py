@@ -54,6 +54,19 @@ def _all_messages(s: Store) -> list[tuple]:
     return stored_messages(s)
 
 
+def _endpoints(s: Store) -> list[tuple]:
+    """Every endpoint's columns as the store keeps them (without its key and rerun trace)."""
+    return [row[:17] for row in s.all_endpoints()]
+
+
+def _groups(s: Store) -> list[tuple]:
+    return [row[:3] for row in s.all_groups()]
+
+
+def _keys(s: Store) -> list[tuple]:
+    return [(row[0], row[17]) for row in s.all_endpoints() if row[17] is not None]
+
+
 def _endpoint_row(no: int, state: str = "CONVERSING") -> tuple:
     return (
         no,
@@ -108,8 +121,8 @@ def test_a_store_that_cannot_be_opened_is_a_store_error(tmp_path):
 
 def test_a_new_store_is_empty(store):
     assert store.load_catalog() == []
-    assert store.load_groups() == []
-    assert store.load_endpoints() == []
+    assert _groups(store) == []
+    assert _endpoints(store) == []
     assert store.max_keys() == (0, 0, 0)
     assert store.waiting_by_group() == []
 
@@ -137,7 +150,7 @@ def test_a_transaction_rolls_back_everything_when_its_block_raises(store):
         raise RuntimeError("boom")
     assert store.get_meta("k") == "before"
     assert store.load_catalog() == []
-    assert store.load_groups() == []
+    assert _groups(store) == []
     assert _all_messages(store) == []
     assert store.request_results(["r-1"]).get("r-1") is None
 
@@ -192,9 +205,9 @@ def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
     s = Store(path)
     assert s.get_meta("broker_id") == "b-1"
     assert s.load_catalog() == [("queue", {"name": "Q", "enabled": True})]
-    assert s.load_groups() == [(1, "g-1", "Q")]
+    assert _groups(s) == [(1, "g-1", "Q")]
     assert s.group_state(1) == b"state"
-    assert s.load_endpoints() == [_endpoint_row(1)]
+    assert _endpoints(s) == [_endpoint_row(1)]
     assert _all_messages(s) == [_row(1), _row(2, status=RECEIVED)]
     assert _ids(s.transmission_for("There")) == [1]
     assert s.request_results(["r-1"]).get("r-1") == b"result"
@@ -247,16 +260,16 @@ def test_groups_keep_their_state_until_deleted(store):
     store.set_group_states([(None, 2)])
     assert (store.group_state(1), store.group_state(2)) == (b"one", None)
     store.delete_groups([1])
-    assert store.load_groups() == [(2, "g-2", "Q")]
+    assert _groups(store) == [(2, "g-2", "Q")]
     assert store.group_state(1) is None
 
 
 def test_upserting_an_endpoint_replaces_its_row(store):
     store.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
     store.upsert_endpoints([_endpoint_row(1, "CLOSED")])
-    assert sorted(store.load_endpoints()) == [_endpoint_row(1, "CLOSED"), _endpoint_row(2)]
+    assert sorted(_endpoints(store)) == [_endpoint_row(1, "CLOSED"), _endpoint_row(2)]
     store.delete_endpoints([1])
-    assert store.load_endpoints() == [_endpoint_row(2)]
+    assert _endpoints(store) == [_endpoint_row(2)]
 
 
 def test_an_endpoints_sequence_numbers_and_other_columns_are_updated_apart(store):
@@ -265,7 +278,7 @@ def test_an_endpoints_sequence_numbers_and_other_columns_are_updated_apart(store
     store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 5, 2)])
     want_1 = (*_endpoint_row(1)[:9], 7, 9, *_endpoint_row(1)[11:])
     want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0, 5, 0)
-    assert sorted(store.load_endpoints()) == [want_1, want_2]
+    assert sorted(_endpoints(store)) == [want_1, want_2]
 
 
 def test_a_deleted_endpoints_number_used_again_starts_from_its_new_row(store):
@@ -273,7 +286,7 @@ def test_a_deleted_endpoints_number_used_again_starts_from_its_new_row(store):
     store.update_endpoint_seqs([(7, 9, 1)])
     store.delete_endpoints([1])
     store.upsert_endpoints([_endpoint_row(1)])  # e.g. the highest number, reused after restart
-    assert store.load_endpoints() == [_endpoint_row(1)]
+    assert _endpoints(store) == [_endpoint_row(1)]
 
 
 def test_a_store_written_before_the_sequence_table_keeps_its_endpoints_numbers(path):
@@ -282,11 +295,11 @@ def test_a_store_written_before_the_sequence_table_keeps_its_endpoints_numbers(p
     s.db.execute("DROP TABLE endpoint_seqs")  # as a store of an earlier version has it
     s.close()
     s = Store(path)
-    assert s.load_endpoints() == [_endpoint_row(1)]
+    assert _endpoints(s) == [_endpoint_row(1)]
     s.update_endpoint_seqs([(5, 6, 1)])
     s.close()
     s = Store(path)  # opened again: moved once, not overwritten by the old columns
-    assert s.load_endpoints() == [(*_endpoint_row(1)[:9], 5, 6, *_endpoint_row(1)[11:])]
+    assert _endpoints(s) == [(*_endpoint_row(1)[:9], 5, 6, *_endpoint_row(1)[11:])]
     s.close()
 
 
@@ -299,7 +312,7 @@ def test_an_endpoint_an_earlier_raybroker_wrote_gets_its_numbers_on_the_next_ope
     )
     s.close()
     s = Store(path)
-    assert sorted(s.load_endpoints()) == [_endpoint_row(1), _endpoint_row(2)]
+    assert sorted(_endpoints(s)) == [_endpoint_row(1), _endpoint_row(2)]
     s.close()
 
 
@@ -309,11 +322,11 @@ def test_a_store_written_before_user_sent_gets_the_column_and_keeps_its_endpoint
     s.db.execute("ALTER TABLE endpoints DROP COLUMN user_sent")  # as the previous release has it
     s.close()
     s = Store(path)
-    assert s.load_endpoints() == [_endpoint_row(1)]
+    assert _endpoints(s) == [_endpoint_row(1)]
     s.update_endpoints([(1, "DISCONNECTED_OUTBOUND", None, None, None, None, 2, 1)])
     s.close()
     s = Store(path)
-    assert s.load_endpoints()[0][-2] == 2  # user_sent (the last column but encryption)
+    assert _endpoints(s)[0][-2] == 2  # user_sent (the last column but encryption)
     s.close()
 
 
@@ -324,11 +337,11 @@ def test_a_store_written_before_dialog_security_keeps_its_dialogs_in_the_clear(p
     s.db.execute("DROP TABLE dialog_keys")
     s.close()
     s = Store(path)
-    assert s.load_endpoints() == [_endpoint_row(1)]  # encryption 0: off
-    assert s.dialog_keys() == []
+    assert _endpoints(s) == [_endpoint_row(1)]  # encryption 0: off
+    assert _keys(s) == []
     s.put_dialog_keys([(1, b"sealed")])
     s.delete_endpoints([1])
-    assert s.dialog_keys() == []  # a dialog's key goes with its endpoint
+    assert _keys(s) == []  # a dialog's key goes with its endpoint
     s.close()
 
 
@@ -363,11 +376,12 @@ def test_fetch_group_starts_after_the_given_id(store):
 
 def test_remove_received_without_retention_deletes_the_waiting_messages_in_range(store):
     # a range is always a group's oldest waiting messages (a lock's): here a segment's head
+    store.insert_groups([(1, "g-1", "Q"), (2, "g-2", "Q")])
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(6, group=2)])
     store.remove_received(1, 1, 3, retain=False)
     assert _ids(_all_messages(store)) == [4, 5, 6]
     assert _ids(store.fetch_group(1, None)) == [4, 5]
-    assert store.waiting_by_group() == [(1, 2, 4), (2, 1, 6)]
+    assert store.waiting_by_group() == [(1, "Q", 2, 4), (2, "Q", 1, 6)]
     store.remove_received(1, 4, 5, retain=False)
     assert _ids(_all_messages(store)) == [6]
 
@@ -383,6 +397,7 @@ def test_remove_received_with_retention_marks_the_messages_received_and_keeps_th
 
 
 def test_a_range_over_several_conversations_segments_takes_each_ones_oldest(store):
+    store.insert_groups([(1, "g-1", "Q")])
     store.insert_messages([_msg(1, endpoint=1), _msg(2, endpoint=1)])
     store.insert_messages([_msg(3, endpoint=2), _msg(4, endpoint=2)])
     store.insert_messages([_msg(5, endpoint=1), _msg(6, endpoint=1)])
@@ -390,7 +405,7 @@ def test_a_range_over_several_conversations_segments_takes_each_ones_oldest(stor
     store.remove_received(1, 1, 5, retain=False)
     assert _ids(_all_messages(store)) == [6]
     assert store.fetch_group(1, None) == [_fetched(6)]
-    assert store.waiting_by_group() == [(1, 1, 6)]
+    assert store.waiting_by_group() == [(1, "Q", 1, 6)]
 
 
 @pytest.mark.parametrize("first_kept", [True, False], ids=["kept-then-gone", "gone-then-kept"])
@@ -464,6 +479,7 @@ def test_move_messages_moves_an_endpoints_messages_and_returns_the_waiting_ids(s
 
 
 def test_waiting_by_group_counts_waiting_messages_and_finds_the_first(store):
+    store.insert_groups([(1, "g-1", "Q"), (2, "g-2", "R"), (3, "g-3", "Q")])
     store.insert_messages(
         [
             _msg(1, status=RECEIVED),
@@ -473,7 +489,7 @@ def test_waiting_by_group_counts_waiting_messages_and_finds_the_first(store):
             _msg(5, group=3, status=RECEIVED),
         ]
     )
-    assert sorted(store.waiting_by_group()) == [(1, 2, 2), (2, 1, 4)]
+    assert sorted(store.waiting_by_group()) == [(1, "Q", 2, 2), (2, "R", 1, 4)]
 
 
 def test_queue_rows_lists_the_groups_messages_in_queue_order_with_group_and_status(store):
