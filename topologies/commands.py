@@ -80,7 +80,7 @@ def status_of(topology: Any) -> dict[str, Any]:
             "node": info.get("node"),
             "uptime_s": info.get("uptime_s"),
             "queues": b.queues(),
-            "dialogs": dict(Counter(e["state"] for e in b.endpoints())),
+            "dialogs": b.dialogs()["by_state"],
             "transmission": dict(
                 Counter(r.get("status", "?") for r in b.transmission_queue(limit=10_000))
             ),

@@ -133,6 +133,9 @@ class BrokerCore:
     def endpoints_view(self) -> list[dict[str, Any]]:
         return views.endpoints(self.state)
 
+    def dialogs_view(self) -> dict[str, Any]:
+        return views.dialogs(self.state, self.store, self.uow.clock())
+
     def queue_view(self, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
         return views.queue(self.state, self.store, queue, limit)
 

@@ -109,6 +109,8 @@ class BrokerState:
                 saved[table].append(Route.from_record(rec))
             self.routes = {t: RouteTable(saved[t]) for t in ROUTE_TABLES}
         self.forwarding = store.get_meta("forwarding") == "1"
+        # the last count of dialogs by state (actors.core.views.dialogs): when, how long it took
+        self.dialog_counts: tuple[float, float, dict[str, Any] | None] = (0.0, 0.0, None)
         # service -> dialogs pinned round-robin so far; memory only: a restart begins at 0 again
         self.turns: dict[str, int] = {}
 

@@ -3,6 +3,7 @@ messages, conversation groups, the transmission queue, operator events and the d
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from actors.core.changes import Group
@@ -38,6 +39,19 @@ def endpoints(state: BrokerState) -> list[dict[str, Any]]:
         }
         for ep, secured in state.every_endpoint()
     ]
+
+
+def dialogs(state: BrokerState, store: Store, now: float) -> dict[str, Any]:
+    """How many dialog endpoints are in each state and how many are secured, counted in the
+    store. Counting millions takes a while: a count is reused for 20 times as long as it took
+    (a broker spends at most a twentieth of its time counting, however often it is asked)."""
+    at, took, counts = state.dialog_counts
+    if counts is None or now - at > 20 * took:
+        started = time.perf_counter()
+        by_state, secured = store.dialog_counts()
+        counts = {"by_state": by_state, "secured": secured, "counted_at": now}
+        state.dialog_counts = (now, time.perf_counter() - started, counts)
+    return counts
 
 
 def queue(state: BrokerState, store: Store, queue: str, limit: int = 1000) -> list[dict[str, Any]]:

@@ -75,6 +75,11 @@ class KeyedReads:
         """Every endpoint, in number order (for views and checks that look at all of them)."""
         return iter(self.db.execute(f"{_ENDPOINT} ORDER BY e.no"))
 
+    def dialog_counts(self) -> tuple[dict[str, int], int]:
+        """How many endpoints are in each state; how many have a session key (secured)."""
+        by_state = dict(self.db.execute("SELECT state, COUNT(*) FROM endpoints GROUP BY state"))
+        return by_state, self.db.execute("SELECT COUNT(*) FROM dialog_keys").fetchone()[0]
+
     def group_by_no(self, no: int) -> GroupRow | None:
         return self.db.execute(f"{_GROUP} WHERE g.no=?", (no,)).fetchone()
 

@@ -235,3 +235,21 @@ def test_a_working_set_evicts_the_least_recently_used_first_and_skips_the_pinned
     assert sorted(g.no for g in groups.cached()) == [1, 2, 4, 5]  # 3 went; 2 is pinned
     assert groups.get(3) is store[3] and reads == [3]
     assert groups.get(99) is None and groups.misses == 1
+
+
+def test_dialogs_are_counted_by_state_in_the_store_and_a_count_is_reused_briefly(
+    make_core, core_clock, path
+):
+    core = make_core(path, SMALL)
+    first, *_ = dialogs(core, 20)  # 40 endpoints, most of them evicted
+    core.apply([End(first)])
+
+    counts = core.dialogs_view()
+    ended = {"DISCONNECTED_OUTBOUND": 1, "DISCONNECTED_INBOUND": 1}  # its far side heard
+    assert counts["by_state"] == {"CONVERSING": 38, **ended}
+    assert counts["secured"] == 0 and counts["counted_at"] == core_clock()
+    dialogs(core, 1)
+    assert core.dialogs_view() == counts  # counted a moment ago: the same count
+    _, took, _ = core.state.dialog_counts
+    core_clock.advance(20 * took + 0.001)
+    assert core.dialogs_view()["by_state"] == {"CONVERSING": 40, **ended}

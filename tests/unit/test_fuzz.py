@@ -128,8 +128,8 @@ VERBS = [
     "create", "alter", "drop", "apply", "begin_dialog", "send", "end_conversation",
     "begin_conversation_timer", "move_conversation", "receive", "get_conversation_group",
     "settle", "commit", "rollback", "create_route", "alter_route", "drop_route", "routes",
-    "configure", "endpoints", "queue", "queues", "groups", "transmission_queue", "events",
-    "audit",
+    "configure", "endpoints", "dialogs", "queue", "queues", "groups", "transmission_queue",
+    "events", "audit",
 ]  # fmt: skip
 
 

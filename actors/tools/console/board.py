@@ -5,7 +5,7 @@ with a short history per queue for the charts, and the operator's actions. Plain
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,7 +54,7 @@ class Board:
             series = self.samples.setdefault((name, q), deque(maxlen=self.keep))
             series.append((now, row["depth"], row.get("removed", 0)))
             row["series"] = rates(series)
-        endpoints = b.endpoints()
+        dialogs = b.dialogs()
         waiting = b.transmission_queue(limit=TRANSMISSION_ROWS)
         for row in waiting:
             row["age_s"] = max(0.0, now - row["enqueued_at"]) if row.get("enqueued_at") else None
@@ -67,8 +67,8 @@ class Board:
         return {
             "info": {k: info.get(k) for k in ("name", "broker_id", "pid", "uptime_s", "path")},
             "queues": queues,
-            "dialogs": dict(Counter(e["state"] for e in endpoints)),
-            "secured_dialogs": sum(1 for e in endpoints if e.get("secured")),
+            "dialogs": dialogs["by_state"],
+            "secured_dialogs": dialogs["secured"],
             "transmission": waiting,
             "routes": b.routes(),
             "routers": routers,
