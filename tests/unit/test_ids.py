@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -27,6 +28,22 @@ def test_new_uuids_are_unique_and_later_ones_sort_after_earlier_ones():
     second = [new_uuid() for _ in range(1000)]
     assert len(set(first + second)) == 2000
     assert max(first) < min(second)
+
+
+def test_a_forked_process_makes_ids_of_its_own():
+    # the random bits come from `random`, which a child process reseeds after a fork: without
+    # that, parent and child would make the same ids from the same state
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out
+        os.write(write, new_uuid().encode())
+        os._exit(0)
+    mine = new_uuid()
+    os.waitpid(pid, 0)
+    theirs = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert mine[14:] != theirs[14:]  # past the time: version, random bits
 
 
 def test_request_ids_sort_by_time():
