@@ -28,7 +28,7 @@ from actors.model.dialogs import Endpoint, State
 from actors.model.limits import Limits
 from actors.model.routing import Route, RouteTable
 from actors.store.database import Store
-from actors.store.keyed import EndpointRow
+from actors.store.keyed import EndpointRow, GroupRow
 
 ROUTE_TABLES = ("routes", "instance")  # the broker's own routes; its instance routes
 TIMER_WINDOW_S = 60.0  # how far ahead timers, lifetimes and purges are read from the store
@@ -46,6 +46,12 @@ def _endpoint(row: EndpointRow) -> Endpoint:
     ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:16], bool(row[16]))
     ep.rerunnable = bool(row[18])
     return ep
+
+
+def group_of(row: GroupRow) -> Group:
+    """A conversation group as the store gives it (`Store.group_by_no`)."""
+    no, gid, queue, stateful, members = row
+    return Group(no, gid, queue, members, bool(stateful))
 
 
 _number = attrgetter("no")
@@ -78,8 +84,8 @@ class BrokerState:
             evicted=lambda ep: self.keyring.sessions.pop(ep.no, None),
         )
         if store.fits(limits.endpoint_cache // 2):  # all fit: read them once, ask no more
-            for no, gid, queue, stateful, members in store.all_groups():
-                self.groups.add(Group(no, gid, queue, members, bool(stateful)))
+            for group in store.all_groups():
+                self.groups.add(group_of(group))
             for row in store.all_endpoints():
                 self.endpoints.add(self._endpoint_of(row))
             self.endpoints.complete = self.groups.complete = True
@@ -88,6 +94,8 @@ class BrokerState:
         # what falls due up to `horizon` is in `timers`; what falls due later is found from the
         # store's indexes when the horizon moves (`pop_due`), not scheduled for every dialog
         self.horizon: float | None = None
+        # whether the store remembers any dialog begun if absent (a plain Begin that takes such
+        # a handle again then drops what is remembered of it: actors.core.work)
         self.reruns = store.has_reruns()
         self.queues: dict[str, QueueIndex] = {q: QueueIndex() for q in self.catalog.queues}
         for g, queue, count, first in store.waiting_by_group():
@@ -132,9 +140,6 @@ class BrokerState:
             idx = self.queues[queue] = QueueIndex()
         return idx
 
-    def index_of(self, group_no: int) -> QueueIndex:
-        return self.queue_index(self.groups[group_no].queue)
-
     def group_no(self, group_id: Any) -> int:
         no = self.groups.by_id(group_id)
         if no is None:
@@ -178,10 +183,7 @@ class BrokerState:
 
     def _group_by_no(self, no: int) -> Group | None:
         row = self.store.group_by_no(no)
-        if row is None:
-            return None
-        no, gid, queue, stateful, members = row
-        return Group(no, gid, queue, members, bool(stateful))
+        return None if row is None else group_of(row)
 
     def working_set(self) -> dict[str, int]:
         """What the working set holds now, and its reads of the store and evictions so far."""

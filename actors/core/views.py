@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from actors.core.changes import Group
+from actors.core.state import group_of
 from actors.errors import InvalidArgument
 from actors.model import checks
 from actors.store import audit as audit_format
@@ -108,7 +108,7 @@ def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[d
         raise InvalidArgument(f"queue must be a queue's name (or None for all), not {queue!r}")
     out = []
     for row in store.all_groups(queue):
-        g = state.groups.peek(row[0]) or Group(*row[:3], row[4], bool(row[3]))
+        g = state.groups.peek(row[0]) or group_of(row)
         lock = state.locks.by_group.get(g.no)
         out.append(
             {
