@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from actors.store.file import Connection
+from actors.store.seq_journal import SeqJournal
 
 ENDPOINT_COLUMNS = (
     "no, handle, conversation_id, is_initiator, service, far_service, contract, group_no, state, "
     "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent, encryption"
 )
-# each endpoint's live sequence numbers are in `endpoint_seqs` (see `Store`'s endpoints section)
+# each endpoint's live sequence numbers are in `endpoint_seqs` (see `Store`'s endpoints section),
+# or newer ones in the journal (`_live`)
 _LIVE = ", ".join(
     f"s.{c}" if c in ("send_seq", "recv_seq") else f"e.{c}" for c in ENDPOINT_COLUMNS.split(", ")
 )
@@ -44,20 +46,27 @@ class KeyedReads:
     """The keyed reads' statements (`Store` is one; `db` is its connection)."""
 
     db: Connection
+    seq_journal: SeqJournal
+
+    def _live(self, row: EndpointRow | None) -> EndpointRow | None:
+        """`row` with the newest sequence numbers, the journal's if it holds any."""
+        seqs = None if row is None else self.seq_journal.seqs(row[0])
+        return row if seqs is None else (*row[:9], seqs[0], seqs[1], *row[11:])
 
     def endpoint_by_no(self, no: int) -> EndpointRow | None:
-        return self.db.execute(f"{_ENDPOINT} WHERE e.no=?", (no,)).fetchone()
+        return self._live(self.db.execute(f"{_ENDPOINT} WHERE e.no=?", (no,)).fetchone())
 
     def endpoint_by_handle(self, handle: str) -> EndpointRow | None:
-        return self.db.execute(f"{_ENDPOINT} WHERE e.handle=?", (handle,)).fetchone()
+        return self._live(self.db.execute(f"{_ENDPOINT} WHERE e.handle=?", (handle,)).fetchone())
 
     def endpoint_by_conversation(
         self, conversation_id: str, is_initiator: bool
     ) -> EndpointRow | None:
-        return self.db.execute(
+        row = self.db.execute(
             f"{_ENDPOINT} WHERE e.conversation_id=? AND e.is_initiator=?",
             (conversation_id, int(is_initiator)),
         ).fetchone()
+        return self._live(row)
 
     def fits(self, n: int) -> bool:
         """Whether the store holds at most `n` endpoints and at most `n` groups (counting no
@@ -73,7 +82,8 @@ class KeyedReads:
 
     def all_endpoints(self) -> Iterator[EndpointRow]:
         """Every endpoint, in number order (for views and checks that look at all of them)."""
-        return iter(self.db.execute(f"{_ENDPOINT} ORDER BY e.no"))
+        rows = self.db.execute(f"{_ENDPOINT} ORDER BY e.no")
+        return rows if not self.seq_journal.latest else map(self._live, rows)
 
     def dialog_counts(self) -> tuple[dict[str, int], int]:
         """How many endpoints are in each state; how many have a session key (secured)."""

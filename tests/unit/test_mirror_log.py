@@ -15,6 +15,7 @@ from actors.errors import ContractViolation, MirrorBehind
 from actors.mirroring import replay
 from actors.mirroring.capture import attach
 from actors.service.group_commit import GroupCommit
+from actors.store import seq_journal
 from actors.store.database import Store
 from tests.unit.conftest import core_snapshot, define_core_catalog, open_core_dialog
 
@@ -79,6 +80,21 @@ def test_a_replayed_log_makes_the_mirror_equal_to_the_principal(pair, core_clock
     held = ship(capture, mirror)
     assert held == capture.seq and not capture.pending
     assert dump(mirror) == dump(core.store)
+
+
+def test_a_replayed_log_folds_the_sequence_journal_as_the_principal_did(
+    pair, core_clock, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(seq_journal, "SWEEP_ROWS", 4)  # sweeps end within the workload
+    core, capture, mirror, open_store = pair
+    workload(core, core_clock)
+    ship(capture, mirror)
+    assert dump(mirror) == dump(core.store)
+    birth = "SELECT COUNT(*) FROM endpoint_seqs WHERE send_seq > 0 OR recv_seq > 0"
+    assert mirror.db.execute(birth).fetchone()[0] > 0  # numbers were folded into the table
+    mirror.close()
+    promoted = BrokerCore(open_store("m.sqlite"), core_clock, Limits())  # as at a failover
+    assert _durable(core_snapshot(promoted)) == _durable(core_snapshot(core))
 
 
 def test_a_group_commits_callers_rolled_back_unit_leaves_nothing_in_the_log(pair, core_clock):
