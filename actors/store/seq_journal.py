@@ -52,7 +52,8 @@ class SeqJournal:
             self.latest[no] = (send_seq, recv_seq, row_id)
             self.top_no = max(self.top_no, no)
         self._next_id = 1 + (db.execute("SELECT MAX(id) FROM seq_journal").fetchone()[0] or 0)
-        self._staged: dict[int, Seqs | None] = {}  # the open transaction's (None: forgotten)
+        self._staged: dict[int, Seqs] = {}  # the open transaction's
+        self._gone: set[int] = set()  # endpoints the open transaction deleted
         self._appended = 0  # rows the open transaction appended
         self._sweep: list[int] = []  # endpoints the running sweep folds, in number order
         self._done = 0  # how many of them are folded (committed)
@@ -63,8 +64,9 @@ class SeqJournal:
     def seqs(self, no: int) -> Seqs | None:
         """The newest numbers the journal holds for endpoint `no` (None: `endpoint_seqs` has
         them)."""
-        if no in self._staged:
-            return self._staged[no]
+        seqs = self._staged.get(no)
+        if seqs is not None or no in self._gone:
+            return seqs
         return self.latest.get(no)
 
     def write(self, rows: Iterable[tuple[int, int, int]], in_tx: bool) -> None:
@@ -77,8 +79,7 @@ class SeqJournal:
         self.db.executemany("INSERT INTO seq_journal VALUES (?, ?, ?, ?)", journal)
         self._next_id = first + len(journal)
         self._appended += len(journal)
-        for row_id, no, s, r in journal:
-            self._staged[no] = (s, r, row_id)
+        self._staged.update({no: (s, r, row_id) for row_id, no, s, r in journal})
         if not in_tx:
             self.committed()
 
@@ -86,7 +87,8 @@ class SeqJournal:
         """Endpoints deleted: nothing to keep for them (their rows go with a later sweep)."""
         for no in nos:
             if no in self.latest or no in self._staged:
-                self._staged[no] = None
+                self._staged.pop(no, None)
+                self._gone.add(no)
         if not in_tx:
             self.committed()
 
@@ -121,11 +123,9 @@ class SeqJournal:
 
     def committed(self) -> None:
         """The transaction committed: what it wrote is the journal's."""
-        for no, seqs in self._staged.items():
-            if seqs is None:
-                self.latest.pop(no, None)
-            else:
-                self.latest[no] = seqs
+        self.latest.update(self._staged)
+        for no in self._gone:
+            self.latest.pop(no, None)
         if self._folding is not None:
             self._done, self._rows = self._folding, self._rows + self._appended
             if self._done == len(self._sweep):  # ended: what it folded left the journal
@@ -142,4 +142,4 @@ class SeqJournal:
         self._reset()
 
     def _reset(self) -> None:
-        self._staged, self._appended, self._folding = {}, 0, None
+        self._staged, self._gone, self._appended, self._folding = {}, set(), 0, None
