@@ -45,6 +45,15 @@ def journal_rows(store: Store) -> int:
     return store.db.execute("SELECT COUNT(*) FROM seq_journal").fetchone()[0]
 
 
+def one_endpoint_at_5_6(path: str) -> Store:
+    """A store with endpoint 1, its numbers (5, 6) committed to the journal."""
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(1)])
+    with s.tx():
+        s.update_endpoint_seqs([(5, 6, 1)])
+    return s
+
+
 def test_the_journals_newest_numbers_win_in_every_read(path):
     s = Store(path)
     s.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
@@ -62,10 +71,7 @@ def test_the_journals_newest_numbers_win_in_every_read(path):
 
 
 def test_a_rolled_back_transaction_leaves_the_numbers_as_committed(path):
-    s = Store(path)
-    s.upsert_endpoints([_endpoint_row(1)])
-    with s.tx():
-        s.update_endpoint_seqs([(5, 6, 1)])
+    s = one_endpoint_at_5_6(path)
     with pytest.raises(RuntimeError), s.tx():
         s.update_endpoint_seqs([(9, 9, 1)])
         assert numbers(s, 1) == (9, 9)  # the open transaction reads its own write
@@ -81,10 +87,7 @@ def test_a_rolled_back_transaction_leaves_the_numbers_as_committed(path):
 
 
 def test_a_broker_killed_inside_a_transaction_keeps_the_numbers_committed_before(path):
-    s = Store(path)
-    s.upsert_endpoints([_endpoint_row(1)])
-    with s.tx():
-        s.update_endpoint_seqs([(5, 6, 1)])
+    s = one_endpoint_at_5_6(path)
     s.close()
     killed = (
         "import os, sys\n"
