@@ -18,7 +18,10 @@ and a read of an endpoint takes them from there.
 A sweep folds the journal: it takes the endpoints in `latest` in number order and writes their
 newest numbers into `endpoint_seqs`, a few each transaction that appends (at a pace that ends the
 sweep after SWEEP_ROWS more rows), so an endpoint written many times in a sweep is written once,
-and the rows are written in the table's order. When it ends, the journal's rows up to where it
+and the rows are written in the table's order. An endpoint written again since the sweep began
+is skipped: its newer row outlives the sweep. Busy endpoints are therefore hardly ever folded
+(each fold is a scattered page write, the cost the journal is there to avoid); the ones that
+went quiet are. When it ends, the journal's rows up to where it
 began go. The journal then holds at most the rows of two sweeps (three across a restart, which
 begins a new sweep), and `latest` at most one entry per endpoint in them.
 
@@ -106,7 +109,8 @@ class SeqJournal:
             rows = []
             for no in sweep[self._done : done]:
                 seqs = self.seqs(no)
-                if seqs is not None:
+                # written since the sweep began: that row outlives the sweep, nothing to fold
+                if seqs is not None and seqs[2] <= self._upto:
                     rows.append((seqs[0], seqs[1], no))
             self.db.executemany("UPDATE endpoint_seqs SET send_seq=?, recv_seq=? WHERE no=?", rows)
         if done == len(sweep):
