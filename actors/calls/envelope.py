@@ -352,6 +352,13 @@ class ReceivedGroup:
             )
         return out
 
+    def message(self, i: int) -> Message:
+        """`messages[i]`, made alone (a handler that walks `rows` makes only those it needs)."""
+        qo, ep, seq, mt, body, sent, arrived = self.rows[i]
+        handle, conv, svc, far, contract = self.endpoints[ep]
+        return Message(qo, handle, conv, self.group_id, mt, body, seq, svc, far, contract, sent,
+                       arrived)  # fmt: skip
+
     def __len__(self) -> int:
         return len(self.rows)
 

@@ -122,8 +122,22 @@ def route_messages(group: ReceivedGroup, ctx: Any) -> None:
     cfg = RouterConfig.from_options(ctx.options)
     pairs: dict[str, dict[str, Any]] = json.loads(ctx.state) if ctx.state else {}
     out = _Forward(ctx)
-    for m in group.messages:
-        _route(cfg, pairs, group, out, m)
+    rows, start = group.rows, 0
+    while start < len(rows):
+        # a run of one dialog's messages of one type: the first is routed, the rest follow it
+        ep, mt = rows[start][1], rows[start][3]
+        end = start + 1
+        while end < len(rows) and rows[end][1] == ep and rows[end][3] == mt:
+            end += 1
+        _route(cfg, pairs, group, out, group.message(start))
+        if end > start + 1 and mt not in (DIALOG_TIMER, END_DIALOG, ERROR):
+            target = _forward_to(pairs, group.endpoints[ep][0])
+            if target is not None:
+                out.send_many(target, mt, [row[4] for row in rows[start + 1 : end]])
+        elif end > start + 1:
+            for i in range(start + 1, end):
+                _route(cfg, pairs, group, out, group.message(i))
+        start = end
     out.flush()
     _count(cfg.service, forwarded=out.forwarded)
     live = {h: p for h, p in pairs.items() if not (p["in_ended"] and p["out_ended"])}
@@ -141,11 +155,14 @@ class _Forward:
         self.forwarded = 0
 
     def send(self, handle: str, message_type: str, body: bytes) -> None:
-        self.forwarded += 1
+        self.send_many(handle, message_type, [body])
+
+    def send_many(self, handle: str, message_type: str, bodies: list[bytes]) -> None:
+        self.forwarded += len(bodies)
         if self.run != (handle, message_type):
             self.flush()
             self.run = (handle, message_type)
-        self.bodies.append(body)
+        self.bodies += bodies
 
     def flush(self) -> None:
         if self.run is not None:
@@ -164,6 +181,18 @@ class _Forward:
     def begin(self, *args: Any, **options: Any) -> str:
         self.flush()
         return self.ctx.begin(*args, **options)
+
+
+def _forward_to(pairs: dict, h: str) -> str | None:
+    """Where a message of dialog `h` (not an end, an error or a timer) goes: the other dialog
+    of its pair, or None (no pair, or this side was ended by the router: dropped). As `_route`
+    does for such a message."""
+    inbound = pairs.get(h)
+    pair = inbound or next((p for p in pairs.values() if p["out"] == h), None)
+    if pair is None:
+        return None
+    this, other = ("in", "out") if pair is inbound else ("out", "in")
+    return None if pair[f"{this}_ended"] else pair[other]
 
 
 def _route(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Message) -> None:

@@ -23,9 +23,26 @@ class Outbound:
 
     hops: list[Hop]
     bundles: list[Bundle] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)  # transmission row ids in this batch
-    endpoints: list[int] = field(default_factory=list)
-    seqs: list[tuple[int, int]] = field(default_factory=list)  # each row's (endpoint, seq)
+    rows: list[int] = field(default_factory=list)  # transmission row ids, bundle after bundle
+    endpoints: list[int] = field(default_factory=list)  # each bundle's endpoint
+
+    def unacknowledged(self, covered: dict[int, list[tuple[int, int]]]) -> list[int]:
+        """The rows whose sequence numbers no range in `covered` (endpoint -> acknowledged
+        (first, last) ranges) holds. A bundle one range covers whole (the usual answer) is
+        passed over without looking at its messages one by one."""
+        left: list[int] = []
+        start = 0
+        for ep_no, bundle in zip(self.endpoints, self.bundles, strict=True):
+            seqs, ranges = bundle.seqs, covered.get(ep_no, ())
+            rows = self.rows[start : start + len(seqs)]
+            start += len(seqs)
+            if not any(f <= seqs[0] and seqs[-1] <= la for f, la in ranges):
+                left += [
+                    row
+                    for row, seq in zip(rows, seqs, strict=True)
+                    if not any(f <= seq <= la for f, la in ranges)
+                ]
+        return left
 
     def blob(self) -> bytes:
         return pack_bundles(self.bundles)
@@ -100,7 +117,6 @@ class Dispatcher:
                 out = batches[key] = Outbound(hops)
             out.bundles.append(bundle)
             out.rows += [r.id for r in ep_rows]
-            out.seqs += [(ep_no, r.seq) for r in ep_rows]
             out.endpoints.append(ep_no)
         # the fresh keys are stored first: a transaction may let the broker's working set go
         # back to its bound, and a dialog evicted keeps only the key its store has
@@ -220,11 +236,7 @@ class Dispatcher:
             covered: dict[int, list[tuple[int, int]]] = {}
             for ep_no, first, last in done:
                 covered.setdefault(ep_no, []).append((first, last))
-            unacknowledged = [
-                row
-                for row, (ep_no, seq) in zip(out.rows, out.seqs, strict=True)
-                if not any(f <= seq <= la for f, la in covered.get(ep_no, ()))
-            ]
+            unacknowledged = out.unacknowledged(covered)
             if unacknowledged:  # refused or out of sequence: counted as an attempt, backed off
                 why = "; ".join(answer.refused) or "sent, not acknowledged yet"
                 self._fail(unacknowledged, f"{via or out.hops[0].address}: {why}")

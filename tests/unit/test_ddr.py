@@ -269,3 +269,19 @@ def test_hash_partition_is_stable_and_spreads_keys():
     ]
     assert picks == again
     assert {p: picks.count(p) for p in parts} == pytest.approx({p: 100 for p in parts}, abs=30)
+
+
+def test_runs_of_messages_in_one_group_are_routed_as_their_first_and_ends_follow_them(broker):
+    start_router(broker)
+    bad, good = Begin("Init", "SalesRouter", "Sales"), Begin("Init", "SalesRouter", "Sales")
+    lines = [json.dumps({"region": "EU", "line": i}).encode() for i in range(4)]
+    bad_run = Send(bad.handle, "Order", [b'{"region": "Mars"}', *lines])
+    # the router reads each dialog's run (and the good one's End) in one group
+    broker.apply([bad, bad_run, good, Send(good.handle, "Order", lines), End(good.handle)])
+
+    msgs = take(broker, "EUQ", 5)
+    assert [m.message_type for m in msgs] == ["Order"] * 4 + [END_DIALOG]
+    assert [json.loads(m.body)["line"] for m in msgs[:4]] == [0, 1, 2, 3]
+    (err,) = take(broker, "InitQ", 1)  # the dialog that failed: its Error, nothing forwarded
+    assert (err.conversation_handle, err.message_type) == (bad.handle, ERROR)
+    assert not broker.receive("EUQ", max_groups=10)

@@ -28,6 +28,7 @@ from actors.transport import (
     Outbound,
 )
 from actors.transport.inbound import Receiver
+from actors.transport.wire import Bundle
 from tests.fakes import FakeClock, InProcessPeers
 
 INIT = Service("Init", "InitQ")
@@ -1480,3 +1481,38 @@ def test_an_ingest_rerun_after_both_ends_went_sends_nothing_to_the_far_broker_ag
     net.pump()
     assert a.transmission_view() == [] and take(b, "TargetQ") == []
     assert [m.body for m in got] == [b"r0", b"r1"]
+
+
+def _outbound(*bundles: tuple[int, list[int], list[int]]) -> Outbound:
+    """A batch of (endpoint, sequence numbers, row ids) bundles, as dispatch builds it."""
+    out = Outbound([])
+    for ep_no, seqs, rows in bundles:
+        n = len(seqs)
+        out.bundles.append(
+            Bundle(
+                "c",
+                "A",
+                "B",
+                None,
+                "b1",
+                True,
+                "DEFAULT",
+                None,
+                8,
+                seqs,
+                ["DEFAULT"] * n,
+                [b""] * n,
+                [0.0] * n,
+            )  # fmt: skip
+        )
+        out.rows += rows
+        out.endpoints.append(ep_no)
+    return out
+
+
+def test_an_answer_leaves_unacknowledged_exactly_the_rows_no_range_covers():
+    out = _outbound((1, [0, 1, 2], [10, 11, 12]), (2, [5, 6], [20, 21]), (3, [7], [30]))
+    assert out.unacknowledged({1: [(0, 2)], 2: [(5, 6)], 3: [(7, 7)]}) == []
+    # a range short of the bundle, one bundle answered by two ranges, one not answered at all
+    assert out.unacknowledged({1: [(0, 1)], 2: [(5, 5), (6, 6)]}) == [12, 30]
+    assert out.unacknowledged({1: [(1, 2)], 3: [(8, 9)]}) == [10, 20, 21, 30]
