@@ -283,6 +283,9 @@ def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp
     assert report["params"]["repeats"] == 3 and "warm-up" not in run.stdout
     assert "mirrored: run 3 of 3" in run.stdout
     assert report["params"]["ratio"] > 0 and 0 < report["params"]["failover_s"] < 30
+    # failovers the mirror made on its own during the runs (a busy principal) are counted
+    during = report["params"]["failovers_during_runs"]
+    assert f"failovers during the runs: {during}" in report["rows"][2]["notes"]
 
 
 def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
