@@ -120,16 +120,22 @@ def promote(
 
 class FailureDetector:
     """The mirror's view of the principal: promote after `after_s` seconds in which every ping
-    failed (one success resets it)."""
+    failed (one success resets it).
+
+    A ping whose timeout the mirror itself heard late tells nothing: the mirror's own event loop
+    was busy (applying a ship of the log), and the answer may have been waiting for it. Counted as
+    failures, such pings made a mirror under load promote itself while its principal was well.
+    They restart the count, as a success does: once the principal is really gone, the mirror has
+    nothing left to apply and hears its timeouts on time."""
 
     def __init__(self, after_s: float) -> None:
         self.after_s = after_s
         self.failing_since: float | None = None
 
-    def observe(self, answered: bool, now: float) -> bool:
-        """Record one ping (`now`: when it was sent); whether the principal is now taken for
-        lost."""
-        if answered:
+    def observe(self, answered: bool | None, now: float) -> bool:
+        """Record one ping (`now`: when it was sent; `answered` None: it could not tell); whether
+        the principal is now taken for lost."""
+        if answered is None or answered:
             self.failing_since = None
             return False
         if self.failing_since is None:

@@ -43,6 +43,7 @@ log = logging.getLogger("raybroker")
 
 WATCH_S = 0.1  # how often the mirror pings the principal (and the principal the witness)
 PING_S = 0.3  # how long a ping may take
+PING_LATE_S = 0.15  # a ping's timeout heard this much later than PING_S tells nothing
 GAP_S = 2.0  # how long a ship that arrived before the one it follows waits for it
 
 
@@ -182,11 +183,16 @@ class PartnerActor:
         if record.epoch != self.epoch or record.role_of(self.partner) != self.acting:
             await self._take(record)
 
-    async def _principal_answers(self) -> bool:
+    async def _principal_answers(self) -> bool | None:
+        """Whether the principal answered a ping; None: its timeout was heard so late that
+        this partner's own loop was the one too busy to listen (see `FailureDetector`)."""
+        sent = time.monotonic()
         try:
             handle = ray.get_actor(self.principal, namespace=self.namespace)
             claim = await asyncio.wait_for(handle.role.remote(), PING_S)
-        except (ValueError, TimeoutError, ray.exceptions.RayError):
+        except TimeoutError:
+            return None if time.monotonic() - sent > PING_S + PING_LATE_S else False
+        except (ValueError, ray.exceptions.RayError):
             return False
         return claim.get("role") == "principal" or claim.get("epoch", 0) > self.epoch
 

@@ -73,3 +73,13 @@ def test_the_failure_detector_waits_out_its_bound_and_a_success_resets_it():
     assert not d.observe(True, 10.8)
     assert not d.observe(False, 11.0)
     assert d.observe(False, 12.0)
+
+
+def test_a_ping_that_could_not_tell_restarts_the_count_and_real_failures_still_promote():
+    d = FailureDetector(after_s=1.0)
+    assert not d.observe(False, 10.0)
+    # the mirror itself was too busy to hear the answer in time: no evidence against the principal
+    assert not d.observe(None, 10.6)
+    assert not d.observe(False, 11.2)
+    assert not d.observe(False, 12.0)
+    assert d.observe(False, 12.2)
