@@ -29,7 +29,7 @@ from actors.errors import (
 from actors.mirroring.pairkey import PairKey, new_key
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE, Broker
-from actors.remote.partner import PartnerActor
+from actors.remote.partner import PING_GROUP, PartnerActor
 from actors.remote.witness import WitnessActor, witness_name
 from actors.service.broker import check_name_and_path
 
@@ -134,7 +134,7 @@ def start_mirrored_broker(
     for p in (principal, mirror):
         options = {"num_cpus": 0, "max_concurrency": 1000, **p.options}
         actors.append(
-            ray.remote(PartnerActor)
+            ray.remote(concurrency_groups={PING_GROUP: 2})(PartnerActor)
             .options(
                 name=p.name,
                 namespace=namespace,

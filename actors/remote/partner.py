@@ -44,6 +44,7 @@ log = logging.getLogger("raybroker")
 WATCH_S = 0.1  # how often the mirror pings the principal (and the principal the witness)
 PING_S = 0.3  # how long a ping may take
 PING_LATE_S = 0.15  # a ping's timeout heard this much later than PING_S tells nothing
+PING_GROUP = "ping"  # the actor's concurrency group (its own thread and loop) that answers pings
 GAP_S = 2.0  # how long a ship that arrived before the one it follows waits for it
 
 
@@ -213,8 +214,12 @@ class PartnerActor:
 
     # --- what anyone may ask ---------------------------------------------------------------------
 
+    @ray.method(concurrency_group=PING_GROUP)
     async def role(self) -> dict[str, Any]:
-        """What this partner claims: its role and epoch (senders on mirror routes ask this)."""
+        """What this partner claims: its role and epoch (senders on mirror routes ask this).
+        Answered on a thread of its own (`PING_GROUP`): a principal whose loop is busy with a
+        burst of commits still answers its mirror's pings, which used to time out under load
+        and had the mirror take over from a principal that was well."""
         return {"partner": self.partner, "role": self.acting, "epoch": self.epoch,
                 "principal": self.principal}  # fmt: skip
 
