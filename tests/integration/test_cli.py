@@ -50,6 +50,8 @@ def test_bench_ddr_measures_routers_beside_direct(ray_session, tmp_path, capsys)
     assert any("redirect" in v for v in variants)
     assert all(r["messages_per_s"] > 0 for r in report["rows"])
     assert all("x direct" in r["notes"] for r in report["rows"][1:])
+    # the driver's and the brokers' CPU; routers add processes, so their rows add CPU
+    assert all(r["cpu_s_per_1k"] > 0 for r in report["rows"])
 
 
 @pytest.mark.slow

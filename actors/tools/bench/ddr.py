@@ -5,6 +5,8 @@ same load sent directly to the targets (no router) in the same run.
 One initiator broker opens the dialogs; each dialog's first message names its region (EU or US),
 which the router's classifier turns into the target service (SalesEU, SalesUS, each on its own
 broker); the rest of the load then goes in batches over those dialogs, `inflight` calls at once.
+`cpu s/1k`: the CPU of the driver and of every broker process (the routers' too) per 1,000
+messages, from the dialogs' opening to the last commit; on a small machine the sum is the bound.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from actors.ddr import RouterConfig, begin_redirected
 from actors.remote.client import Broker
 from actors.remote.routers import RouterSet
 from actors.remote.runtime import ensure_ray
-from actors.tools.bench.local import receive_all, send_all
+from actors.tools.bench.local import Cpu, receive_all, send_all
 from actors.tools.bench.report import DEFAULT_LOAD, Load, Progress, Report, Row
 
 REGIONS = ("EU", "US")
@@ -68,13 +70,13 @@ def run(
                 ).start(n)
 
             progress(f"direct (no router): {load.messages:,} messages over {load.dialogs} dialogs")
-            direct = _drive(shop, targets, load, _open_direct)
-            report.rows.append(Row("raybroker", DIRECT, direct))
+            direct, cpu = _drive(shop, targets, load, _open_direct)
+            report.rows.append(Row("raybroker", DIRECT, direct, cpu_s_per_1k=cpu))
             for n in replicas:
                 progress(f"router forwarding, {n} replica(s)")
                 rs = router_set(n)
                 try:
-                    rate = _drive(shop, targets, load, _open_via_router)
+                    rate, cpu = _drive(shop, targets, load, _open_via_router, rs)
                 finally:
                     rs.stop(delete_stores=True)
                 report.rows.append(
@@ -82,17 +84,19 @@ def run(
                         "raybroker",
                         f"router forwarding, {n} replica{'s' if n > 1 else ''}",
                         rate,
+                        cpu_s_per_1k=cpu,
                         vs=[["raybroker", DIRECT, "direct"]],
                     )
                 )
             progress("router redirect, 2 replicas")
             rs = router_set(2, "redirect")
             try:
-                rate = _drive(shop, targets, load, _open_redirected)
+                rate, cpu = _drive(shop, targets, load, _open_redirected, rs)
             finally:
                 rs.stop(delete_stores=True)
             notes = "one router round trip per dialog, then direct"
-            report.rows.append(Row("raybroker", "router redirect, 2 replicas", rate, notes=notes,
+            report.rows.append(Row("raybroker", "router redirect, 2 replicas", rate,
+                                   cpu_s_per_1k=cpu, notes=notes,
                                    vs=[["raybroker", DIRECT, "direct"]]))  # fmt: skip
         finally:
             for b in brokers:
@@ -138,9 +142,18 @@ def _open_redirected(shop: Broker, dialogs: int) -> list[tuple[str, str]]:
     return opened
 
 
-def _drive(shop: Broker, targets: dict[str, Broker], load: Load, open_dialogs) -> float:
+def _drive(
+    shop: Broker,
+    targets: dict[str, Broker],
+    load: Load,
+    open_dialogs,
+    routers: RouterSet | None = None,
+) -> tuple[float, float]:
     """Open the dialogs (one first message each), send the load over them and wait until the
-    targets have received and committed every message; messages per second, end to end."""
+    targets have received and committed every message: messages per second, end to end, and the
+    CPU seconds per 1,000 messages of this driver and every broker (the routers' too)."""
+    replicas = list(routers.replicas.values()) if routers is not None else []
+    cpu = Cpu(shop, *targets.values(), *replicas)
     t0 = time.perf_counter()
     opened = open_dialogs(shop, load.dialogs)
     bulk = load.messages - load.dialogs
@@ -161,7 +174,8 @@ def _drive(shop: Broker, targets: dict[str, Broker], load: Load, open_dialogs) -
 
     asyncio.run(asyncio.wait_for(both(), TIMEOUT_S))
     _drain_redirects(shop)
-    return sum(per_region.values()) / (time.perf_counter() - t0)
+    messages = sum(per_region.values())
+    return messages / (time.perf_counter() - t0), cpu.per_1k(messages)
 
 
 def _drain_redirects(shop: Broker) -> None:

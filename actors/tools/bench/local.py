@@ -119,11 +119,12 @@ def _setup(broker: Broker, dialogs: int) -> list[str]:
     return broker.apply([Begin("Initiator", "Target") for _ in range(dialogs)])["handles"]
 
 
-class _Cpu:
-    """CPU seconds used by this process and the broker's."""
+class Cpu:
+    """CPU seconds used by this process and the brokers' (each process counted once)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.procs = [psutil.Process(), psutil.Process(broker.info()["pid"])]
+    def __init__(self, *brokers: Broker) -> None:
+        pids = dict.fromkeys([os.getpid(), *(b.info()["pid"] for b in brokers)])
+        self.procs = [psutil.Process(pid) for pid in pids]
         self.start = self._now()
 
     def _now(self) -> float:
@@ -173,7 +174,7 @@ async def receive_all(
 
 async def _pipelined(broker, handles, messages, batch, body, max_groups, readers, inflight):
     _, audit_from = read_all(broker.audit)
-    cpu = _Cpu(broker)
+    cpu = Cpu(broker)
     t0 = time.perf_counter()
     await asyncio.gather(
         send_all(broker, handles, messages, batch, body, inflight),
@@ -278,7 +279,7 @@ async def dialog_per_message(broker: Broker, dialogs: int, body: bytes) -> Row:
         ended_at.extend(itertools.repeat(time.perf_counter(), sum(len(g) for g in groups)))
         ended.set()
 
-    cpu = _Cpu(broker)
+    cpu = Cpu(broker)
     t0 = time.perf_counter()
     await asyncio.gather(
         produce(), end_each("OneShotTarget", at_target), end_each("OneShotInit", at_initiator)
