@@ -8,6 +8,7 @@ transmission queue when the far side is elsewhere (or not reachable yet).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import groupby
 
 from actors.core.changes import Arrived, Changes, Removed
 from actors.core.readcache import ROW_OVERHEAD
@@ -141,10 +142,9 @@ class Delivery(Part):
                 f"target service {ep.far_service!r} is not on this broker; waiting to be routed "
                 "(see its routes)"
             )
-        w.transmission += [
-            (ep.no, seq + i, mt, body, ep.far_service, ep.far_broker, status, w.now)
-            for i, body in enumerate(bodies)
-        ]
+        w.transmission.append(
+            (ep.no, seq, mt, bodies, ep.far_service, ep.far_broker, status, w.now)
+        )
         st.park(w, ep.no)
 
     def unpark_service(self, w: Changes, service: str) -> None:
@@ -152,7 +152,7 @@ class Delivery(Part):
         dialog whose messages are on their way to another broker: they may arrive there (its
         answer decides; the dispatcher delivers here what is still waiting after it)."""
         st = self.state
-        for ep_no in dict.fromkeys(r.endpoint_no for r in self.store.transmission_for(service)):
+        for ep_no in self.store.waiting_endpoints(service):
             if ep_no in st.sending:
                 continue
             ep = st.endpoints.get(ep_no)
@@ -168,7 +168,7 @@ class Delivery(Part):
         st.unpark(w, ep.no)
         self.store.delete_endpoint_transmission(ep.no)
         far = st.far(ep)
-        if far is None and (not rows or rows[0].seq != 0 or not ep.is_initiator):
+        if far is None and (not rows or rows[0].first_seq != 0 or not ep.is_initiator):
             # the far endpoint was here and is gone (cleaned up): never start it mid-dialog
             self.far_gone(w, ep)
             return
@@ -184,7 +184,11 @@ class Delivery(Part):
                 return
             far = self.create_target(w, ep)
         for row in rows:
-            self.deliver(w, far, row.message_type, [row.body], row.seq)
+            start = 0
+            for mt, same in groupby(row.types):  # a run of one type is one delivery
+                n = len(list(same))
+                self.deliver(w, far, mt, row.bodies[start : start + n], row.first_seq + start)
+                start += n
 
     def refresh_parked(self, w: Changes, ep_nos: Iterable[int]) -> list[int]:
         """Endpoints whose transmission rows are all gone stop being parked (after commit);

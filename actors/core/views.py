@@ -139,7 +139,7 @@ def transmission(state: BrokerState, store: Store, limit: int = 1000) -> list[di
         at,
         attempts,
         next_at,
-    ) in store.transmission_rows(limit):
+    ) in store.transmission_messages(limit):
         ep = state.endpoints.get(ep_no)
         out.append(
             {

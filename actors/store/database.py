@@ -30,7 +30,7 @@ from actors.store.queued import INSERT_SEGMENTS, SCHEMA_VERSION, QueuedMessages
 from actors.store.savepoints import HeldWrites, Savepoint
 from actors.store.seq_journal import SEQ_JOURNAL, SeqJournal
 from actors.store.traces import EndedTraces
-from actors.store.transmission import TransmissionRows
+from actors.store.transmission import TRANSMISSION_SCHEMA, TransmissionRows
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -53,12 +53,6 @@ CREATE TABLE IF NOT EXISTS segments (
     endpoint_no INTEGER NOT NULL, taken_to INTEGER NOT NULL, kept INTEGER NOT NULL,
     parts BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS segments_group ON segments (group_no, first_id);
-CREATE TABLE IF NOT EXISTS transmission (
-    id INTEGER PRIMARY KEY, endpoint_no INTEGER NOT NULL, seq INTEGER NOT NULL,
-    type TEXT NOT NULL, body BLOB NOT NULL, to_service TEXT NOT NULL, to_broker TEXT,
-    status TEXT NOT NULL, enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt REAL NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS transmission_endpoint ON transmission (endpoint_no, seq);
 CREATE TABLE IF NOT EXISTS routes (
     tbl TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (tbl, name));
 CREATE TABLE IF NOT EXISTS events (
@@ -110,10 +104,10 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.execute("PRAGMA cache_size=-65536")  # 64 MiB: receive reads what send wrote
-            self.db.executescript(SCHEMA + KEYED_INDEXES + SEQ_JOURNAL)
+            self.db.executescript(SCHEMA + TRANSMISSION_SCHEMA + KEYED_INDEXES + SEQ_JOURNAL)
             self.seq_journal = SeqJournal(self.db)
             self._seqs_of_older_stores()
-            self._segments_of_older_stores()
+            self._upgrade_older_stores()
             # the broker id is born with the store and never changes
             self.db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('broker_id', ?)",
@@ -265,20 +259,22 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
                 "INSERT OR IGNORE INTO endpoint_seqs SELECT no, send_seq, recv_seq FROM endpoints"
             )
 
-    def _segments_of_older_stores(self) -> None:
+    def _upgrade_older_stores(self) -> None:
         """A store written before segments (schema 1) keeps its messages a row each in a
-        `messages` table: they move into segments, in one transaction, and the table goes."""
-        old = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='messages'"
-        if self.db.execute(old).fetchone() is not None:
-            with self.tx():
+        `messages` table: they move into segments, and the table goes; one written before the
+        transmission queue was kept in runs (schema 2) moves its rows likewise. In one
+        transaction: an open that fails leaves the store as it was."""
+        with self.tx():
+            old = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='messages'"
+            if self.db.execute(old).fetchone() is not None:
                 rows = self.db.execute("SELECT * FROM messages ORDER BY id")
                 while batch := rows.fetchmany(10_000):
                     runs = [segments.run_of(row) for row in batch]
                     self.db.executemany(INSERT_SEGMENTS, segments.segments(runs))
                 self.db.execute("DROP TABLE messages")
+            self._transmission_of_older_stores()
+            if int(self.get_meta("schema") or 0) < int(SCHEMA_VERSION):
                 self.set_meta("schema", SCHEMA_VERSION)
-        elif self.get_meta("schema") is None:
-            self.set_meta("schema", SCHEMA_VERSION)
 
     def upsert_endpoints(self, rows: Iterable[Sequence[Any]]) -> None:
         rows = list(rows)
@@ -325,7 +321,7 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
         numbers the sequence journal holds for an ended one."""
         ep, group, message = self.db.execute(
             "SELECT MAX((SELECT COALESCE(MAX(no), 0) FROM endpoints), (SELECT "
-            "COALESCE(MAX(endpoint_no), 0) FROM transmission)), (SELECT COALESCE(MAX(no), 0) "
+            "COALESCE(MAX(endpoint_no), 0) FROM transmission_runs)), (SELECT COALESCE(MAX(no), 0) "
             "FROM groups), (SELECT COALESCE(MAX(last_id), 0) FROM segments WHERE first_id=(SELECT "
             "MAX(first_id) FROM segments))"
         ).fetchone()

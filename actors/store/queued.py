@@ -11,7 +11,8 @@ from actors.store import segments
 from actors.store.file import Connection, marks, parts
 from actors.store.savepoints import HeldWrites
 
-SCHEMA_VERSION = "2"  # meta's `schema`: 2, a queue's messages in segments (1: a row each)
+SCHEMA_VERSION = "3"  # meta's `schema`: 3, the transmission queue in runs too (2: a row per
+# message; 1: a queue's messages a row each too)
 INSERT_SEGMENTS = "INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)"
 # The received messages of a group, [its first waiting id, `last`]: a lock's range. Those of a
 # segment are always its oldest waiting ones (a receive takes a group's in id order), so a

@@ -125,10 +125,10 @@ def pack(pieces: Sequence[tuple[Run, int, int]]) -> bytes:
     seqs = seq_list[0]
     if seq_list != list(range(seqs, seqs + len(seq_list))):
         seqs = seq_list
-    return packb([bodies, _one_or_all(types), seqs, _one_or_all(sent), _one_or_all(arrived)])
+    return packb([bodies, one_or_all(types), seqs, one_or_all(sent), one_or_all(arrived)])
 
 
-def _one_or_all(values: list[Any]) -> Any:
+def one_or_all(values: list[Any]) -> Any:
     return values[0] if values.count(values[0]) == len(values) else values
 
 

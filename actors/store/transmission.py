@@ -1,39 +1,122 @@
 """The transmission queue's SQL: messages waiting to leave this broker (or for their target
 service to appear here), in order per endpoint, with their attempts and backoff. A part of
-`actors.store.database.Store`, kept apart because the rest of the store's tables do not need it."""
+`actors.store.database.Store`, kept apart because the rest of the store's tables do not need it.
+
+The queue is kept a run at a time, as a queue's messages are (`actors.store.segments`): what
+one transaction sends on one endpoint, its sequence numbers one after another, is one row
+holding the bodies and types packed together. A router forwards every message it receives, so
+a row per message would be written, read back and deleted for each; a row per run is written
+once per dialog per transaction. Status, attempts and backoff belong to the row: the messages
+of a row are sent, refused and retried together. An acknowledgement that covers part of a row
+(rare: the far side took a prefix) rewrites the row with the rest.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import msgpack
+
+from actors.packing import packb
 from actors.store.file import Connection
+from actors.store.segments import MAX_BYTES, MAX_MESSAGES, one_or_all
+
+TRANSMISSION_SCHEMA = """
+CREATE TABLE IF NOT EXISTS transmission_runs (
+    id INTEGER PRIMARY KEY, endpoint_no INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL, parts BLOB NOT NULL, to_service TEXT NOT NULL, to_broker TEXT,
+    status TEXT NOT NULL, enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS transmission_runs_endpoint ON transmission_runs (endpoint_no, first_seq);
+"""
+_INSERT = (
+    "INSERT INTO transmission_runs (endpoint_no, first_seq, last_seq, parts, to_service, "
+    "to_broker, status, enqueued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_COLUMNS = "id, endpoint_no, first_seq, parts, to_service, to_broker, attempts, enqueued_at"
+
+# A run, as the core hands them over: (endpoint_no, first_seq, type, bodies, to_service,
+# to_broker, status, enqueued_at); its messages have sequence numbers first_seq and on.
+Run = Sequence[Any]
 
 
-class TransmissionRow(NamedTuple):
-    """A message waiting in the transmission queue, as dispatch reads it."""
+class Waiting(NamedTuple):
+    """A row of the transmission queue: one endpoint's messages, sequence numbers
+    `first_seq` and on, sent and retried together."""
 
     id: int
     endpoint_no: int
-    seq: int
-    message_type: str
-    body: bytes
+    first_seq: int
+    types: list[str]
+    bodies: list[bytes]
     to_service: str
     to_broker: str | None
     attempts: int
     enqueued_at: float
 
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.bodies) - 1
 
-class WaitingRow(NamedTuple):
-    """A message waiting in the transmission queue, as local delivery reads it."""
+    @property
+    def seqs(self) -> range:
+        return range(self.first_seq, self.first_seq + len(self.bodies))
 
-    id: int
-    endpoint_no: int
-    seq: int
-    message_type: str
-    body: bytes
-    enqueued_at: float
+
+def pack_parts(types: Sequence[str], bodies: Sequence[bytes]) -> bytes:
+    """[bodies, type] of a row's messages (types: one when they are all the same)."""
+    return packb([bodies, one_or_all(list(types))])
+
+
+def unpack_parts(parts: bytes) -> tuple[list[str], list[bytes]]:
+    bodies, types = msgpack.unpackb(parts, raw=False)
+    return (types if isinstance(types, list) else [types] * len(bodies)), bodies
+
+
+def _waiting(row: Sequence[Any]) -> Waiting:
+    i, ep, first, parts, to_service, to_broker, attempts, at = row
+    types, bodies = unpack_parts(parts)
+    return Waiting(i, ep, first, types, bodies, to_service, to_broker, attempts, at)
+
+
+def rows_of(runs: Iterable[Run]) -> list[tuple[Any, ...]]:
+    """One transaction's runs as transmission rows: the runs of one endpoint that go on from
+    each other (the next sequence number, the same target, status and time) share a row, up to
+    the segment limits, in the order each endpoint first appears."""
+    open_rows: dict[int, list[Any]] = {}  # endpoint -> its last row: [head, types, bodies, size]
+    out: list[list[Any]] = []
+    for run in runs:
+        ep, first, mt, bodies = run[0], run[1], run[2], run[3]
+        row = open_rows.get(ep)
+        goes_on = row is not None and row[0][1] + len(row[2]) == first and row[0][4:] == run[4:]
+        size = sum(map(len, bodies))
+        if goes_on and len(row[2]) + len(bodies) <= MAX_MESSAGES and row[3] + size <= MAX_BYTES:
+            row[1] += [mt] * len(bodies)  # the usual cases: it fits whole
+            row[2] += bodies
+            row[3] += size
+            continue
+        if not goes_on and len(bodies) <= MAX_MESSAGES and size <= MAX_BYTES:
+            if bodies:
+                head = (ep, first, *run[2:])
+                row = open_rows[ep] = [head, [mt] * len(bodies), list(bodies), size]
+                out.append(row)
+            continue
+        for body in bodies:  # cut where the limits say
+            if goes_on and len(row[2]) < MAX_MESSAGES and row[3] + len(body) <= MAX_BYTES:
+                row[1].append(mt)
+                row[2].append(body)
+                row[3] += len(body)
+            else:
+                row = open_rows[ep] = [(ep, first, *run[2:]), [mt], [body], len(body)]
+                out.append(row)
+                goes_on = True
+            first += 1
+    return [
+        (h[0], h[1], h[1] + len(bodies) - 1, pack_parts(types, bodies), *h[4:])
+        for h, types, bodies, _ in out
+    ]
 
 
 class TransmissionRows:
@@ -41,51 +124,57 @@ class TransmissionRows:
 
     db: Connection
 
-    def insert_transmission(self, rows: Iterable[Sequence[Any]]) -> None:
-        """rows: (endpoint_no, seq, type, body, to_service, to_broker, status, enqueued_at)."""
-        self.db.executemany(
-            "INSERT INTO transmission (endpoint_no, seq, type, body, to_service, to_broker, "
-            "status, enqueued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
+    def insert_transmission(self, runs: Iterable[Run]) -> None:
+        """runs: (endpoint_no, first_seq, type, bodies, to_service, to_broker, status,
+        enqueued_at)."""
+        self.db.executemany(_INSERT, rows_of(runs))
+
+    def waiting_endpoints(self, to_service: str) -> list[int]:
+        """The endpoints with messages waiting to go to `to_service`, oldest first."""
+        rows = self.db.execute(
+            "SELECT endpoint_no FROM transmission_runs WHERE to_service=? ORDER BY id",
+            (to_service,),
         )
-
-    def transmission_for(self, to_service: str) -> list[WaitingRow]:
-        """Rows waiting to go to `to_service`, in queue order."""
-        return self._waiting("to_service=? ORDER BY id", to_service)
-
-    def _waiting(self, where: str, arg: Any) -> list[WaitingRow]:
-        sql = "SELECT id, endpoint_no, seq, type, body, enqueued_at FROM transmission WHERE "
-        return [WaitingRow(*r) for r in self.db.execute(sql + where, (arg,))]
+        return list(dict.fromkeys(r[0] for r in rows))
 
     def parked_endpoints(self) -> list[int]:
         """Every endpoint with messages in the transmission queue."""
-        return [r[0] for r in self.db.execute("SELECT DISTINCT endpoint_no FROM transmission")]
+        sql = "SELECT DISTINCT endpoint_no FROM transmission_runs"
+        return [r[0] for r in self.db.execute(sql)]
 
-    def due_transmission(
-        self, now: float, limit: int, skip: Iterable[int] = ()
-    ) -> list[TransmissionRow]:
-        """Rows due, in queue order, but those of the endpoints in `skip` (being sent)."""
-        rows = self.db.execute(
-            "SELECT id, endpoint_no, seq, type, body, to_service, to_broker, attempts, "
-            "enqueued_at FROM transmission WHERE next_attempt <= ? AND endpoint_no NOT IN "
-            "(SELECT value FROM json_each(?)) ORDER BY id LIMIT ?",
-            (now, json.dumps(list(skip)), limit),
-        ).fetchall()
-        return [TransmissionRow(*r) for r in rows]
+    def due_transmission(self, now: float, limit: int, skip: Iterable[int] = ()) -> list[Waiting]:
+        """Rows due, in queue order, up to about `limit` messages, but those of the endpoints
+        in `skip` (being sent)."""
+        cur = self.db.execute(
+            f"SELECT {_COLUMNS} FROM transmission_runs WHERE next_attempt <= ? AND endpoint_no "
+            "NOT IN (SELECT value FROM json_each(?)) ORDER BY id",
+            (now, json.dumps(list(skip))),
+        )
+        out: list[Waiting] = []
+        n = 0
+        while n < limit and (batch := cur.fetchmany(64)):
+            for row in batch:
+                w = _waiting(row)
+                out.append(w)
+                n += len(w.bodies)
+                if n >= limit:
+                    break
+        return out
 
-    def endpoint_transmission(self, endpoint_no: int) -> list[WaitingRow]:
-        """One endpoint's waiting rows, in sequence order."""
-        return self._waiting("endpoint_no=? ORDER BY seq", endpoint_no)
+    def endpoint_transmission(self, endpoint_no: int) -> list[Waiting]:
+        """One endpoint's rows, in sequence order."""
+        sql = f"SELECT {_COLUMNS} FROM transmission_runs WHERE endpoint_no=? ORDER BY first_seq"
+        return [_waiting(r) for r in self.db.execute(sql, (endpoint_no,))]
 
     def delay_transmission(self, rows: Iterable[tuple[str, float, int, int]]) -> None:
         """rows: (status, next_attempt, attempts, id)."""
         self.db.executemany(
-            "UPDATE transmission SET status=?, next_attempt=?, attempts=? WHERE id=?", rows
+            "UPDATE transmission_runs SET status=?, next_attempt=?, attempts=? WHERE id=?", rows
         )
 
     def fail_transmission(
         self,
-        ids: Sequence[int],
+        ids: Iterable[int],
         status: str,
         now: float,
         retry_min_s: float = 0.05,
@@ -94,56 +183,124 @@ class TransmissionRows:
         """No hop took these rows: count the attempt and back off (`retry_min_s` doubling up to
         `retry_max_s`, as `Limits.backoff`)."""
         self.db.executemany(
-            "UPDATE transmission SET status=?, attempts=attempts+1, "
+            "UPDATE transmission_runs SET status=?, attempts=attempts+1, "
             "next_attempt=? + MIN(?, ? * (1 << MIN(attempts, 10))) WHERE id=?",
-            ((status, now, retry_max_s, retry_min_s, i) for i in ids),
+            ((status, now, retry_max_s, retry_min_s, i) for i in dict.fromkeys(ids)),
         )
 
     def retry_now(self, endpoint_no: int | None = None) -> int:
         """Make every waiting row (of one endpoint) due, not waiting out its backoff (a route
-        changed, an operator asked); how many were waiting."""
-        if endpoint_no is None:
-            cur = self.db.execute("UPDATE transmission SET next_attempt=0 WHERE next_attempt > 0")
-        else:
-            cur = self.db.execute(
-                "UPDATE transmission SET next_attempt=0 WHERE next_attempt > 0 AND endpoint_no=?",
-                (endpoint_no,),
-            )
-        return cur.rowcount
+        changed, an operator asked); how many messages were waiting."""
+        where, args = "next_attempt > 0", ()
+        if endpoint_no is not None:
+            where, args = "next_attempt > 0 AND endpoint_no=?", (endpoint_no,)
+        waiting = self.db.execute(
+            f"SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM transmission_runs "
+            f"WHERE {where}",
+            args,
+        ).fetchone()[0]
+        self.db.execute(f"UPDATE transmission_runs SET next_attempt=0 WHERE {where}", args)
+        return waiting
 
     def delete_acknowledged(self, ranges: Iterable[tuple[int, int, int]]) -> None:
-        """ranges: (endpoint_no, first_seq, last_seq) acknowledged by the far broker."""
+        """ranges: (endpoint_no, first_seq, last_seq) acknowledged by the far broker. A row the
+        range covers goes; a row it covers in part keeps the rest."""
+        ranges = list(ranges)
         self.db.executemany(
-            "DELETE FROM transmission WHERE endpoint_no=? AND seq BETWEEN ? AND ?", ranges
+            "DELETE FROM transmission_runs WHERE endpoint_no=? AND first_seq>=? AND last_seq<=?",
+            ranges,
+        )
+        for ep, first, last in ranges:
+            for row in self.db.execute(
+                f"SELECT {_COLUMNS} FROM transmission_runs WHERE endpoint_no=? "
+                "AND first_seq<=? AND last_seq>=?",
+                (ep, last, first),
+            ).fetchall():
+                self._keep_unacknowledged(_waiting(row), first, last)
+
+    def _keep_unacknowledged(self, w: Waiting, first: int, last: int) -> None:
+        keep = [i for i, seq in enumerate(w.seqs) if not first <= seq <= last]
+        # an acknowledged range is one run of numbers: what is left of a row is one run too,
+        # unless the range is inside the row (then the row is cut in two)
+        pieces = [keep]
+        breaks = [k for k in range(1, len(keep)) if keep[k] != keep[k - 1] + 1]
+        if breaks:
+            pieces = [keep[: breaks[0]], keep[breaks[0] :]]
+        head, *tail = pieces
+        self.db.execute(
+            "UPDATE transmission_runs SET first_seq=?, last_seq=?, parts=? WHERE id=?",
+            (*self._span(w, head), w.id),
+        )
+        for piece in tail:  # a row of its own, numbered last: readers order by sequence
+            self.db.execute(
+                "INSERT INTO transmission_runs (endpoint_no, first_seq, last_seq, parts, "
+                "to_service, to_broker, status, enqueued_at, attempts, next_attempt) SELECT "
+                "endpoint_no, ?, ?, ?, to_service, to_broker, status, enqueued_at, attempts, "
+                "next_attempt FROM transmission_runs WHERE id=?",
+                (*self._span(w, piece), w.id),
+            )
+
+    @staticmethod
+    def _span(w: Waiting, keep: list[int]) -> tuple[int, int, bytes]:
+        return (
+            w.first_seq + keep[0],
+            w.first_seq + keep[-1],
+            pack_parts([w.types[i] for i in keep], [w.bodies[i] for i in keep]),
         )
 
     def oldest_seq(self, endpoint_no: int) -> int | None:
         row = self.db.execute(
-            "SELECT MIN(seq) FROM transmission WHERE endpoint_no=?", (endpoint_no,)
+            "SELECT MIN(first_seq) FROM transmission_runs WHERE endpoint_no=?", (endpoint_no,)
         ).fetchone()
         return row[0]
 
     def has_transmission(self, endpoint_no: int) -> bool:
-        return (
-            self.db.execute(
-                "SELECT 1 FROM transmission WHERE endpoint_no=? LIMIT 1", (endpoint_no,)
-            ).fetchone()
-            is not None
-        )
-
-    def delete_transmission(self, ids: Iterable[int]) -> None:
-        self.db.executemany("DELETE FROM transmission WHERE id=?", ((i,) for i in ids))
+        sql = "SELECT 1 FROM transmission_runs WHERE endpoint_no=? LIMIT 1"
+        return self.db.execute(sql, (endpoint_no,)).fetchone() is not None
 
     def delete_endpoint_transmission(self, endpoint_no: int) -> None:
-        self.db.execute("DELETE FROM transmission WHERE endpoint_no=?", (endpoint_no,))
+        self.db.execute("DELETE FROM transmission_runs WHERE endpoint_no=?", (endpoint_no,))
 
-    def transmission_rows(self, limit: int) -> list[tuple[Any, ...]]:
-        return self.db.execute(
-            "SELECT id, endpoint_no, seq, type, length(body), to_service, to_broker, status, "
-            "enqueued_at, attempts, next_attempt FROM transmission ORDER BY id LIMIT ?",
-            (limit,),
-        ).fetchall()
+    def transmission_messages(self, limit: int) -> list[tuple[Any, ...]]:
+        """The queue's messages, oldest first, up to `limit`: (row id, endpoint_no, seq, type,
+        body size, to_service, to_broker, status, enqueued_at, attempts, next_attempt)."""
+        cur = self.db.execute(
+            "SELECT id, endpoint_no, first_seq, parts, to_service, to_broker, status, "
+            "enqueued_at, attempts, next_attempt FROM transmission_runs ORDER BY id"
+        )
+        return list(_messages(cur, limit))
 
     def transmission_depth(self) -> int:
         """Messages waiting in the transmission queue."""
-        return self.db.execute("SELECT COUNT(*) FROM transmission").fetchone()[0]
+        sql = "SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM transmission_runs"
+        return self.db.execute(sql).fetchone()[0]
+
+    def _transmission_of_older_stores(self) -> bool:
+        """A store written before the queue was kept in runs (schema 2) has a row per message
+        in a `transmission` table: each becomes a row of one, keeping its id, status, attempts
+        and backoff, and the table goes. Whether there was one (run in a transaction)."""
+        old = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='transmission'"
+        if self.db.execute(old).fetchone() is None:
+            return False
+        rows = self.db.execute(
+            "SELECT id, endpoint_no, seq, seq, type, body, to_service, to_broker, status, "
+            "enqueued_at, attempts, next_attempt FROM transmission ORDER BY id"
+        )
+        while batch := rows.fetchmany(10_000):
+            self.db.executemany(
+                "INSERT INTO transmission_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                ((*r[:4], pack_parts([r[4]], [r[5]]), *r[6:]) for r in batch),
+            )
+        self.db.execute("DROP TABLE transmission")
+        return True
+
+
+def _messages(cur: Iterable[Sequence[Any]], limit: int) -> Iterator[tuple[Any, ...]]:
+    n = 0
+    for i, ep, first, parts, *rest in cur:
+        types, bodies = unpack_parts(parts)
+        for k, (mt, body) in enumerate(zip(types, bodies, strict=True)):
+            if n == limit:
+                return
+            n += 1
+            yield (i, ep, first + k, mt, len(body), *rest)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from actors.model.dialogs import Endpoint
 from actors.model.routing import Hop
 from actors.store.database import Store
-from actors.store.transmission import TransmissionRow
+from actors.store.transmission import Waiting
 from actors.transport.port import BrokerPort, Work
 from actors.transport.wire import Bundle, pack_bundles, unpack_reply
 
@@ -24,28 +24,31 @@ class Outbound:
     hops: list[Hop]
     bundles: list[Bundle] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # transmission row ids, bundle after bundle
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # each row's (ep, first, last)
     endpoints: list[int] = field(default_factory=list)  # each bundle's endpoint
+    messages: int = 0
 
     def unacknowledged(self, covered: dict[int, list[tuple[int, int]]]) -> list[int]:
-        """The rows whose sequence numbers no range in `covered` (endpoint -> acknowledged
-        (first, last) ranges) holds. A bundle one range covers whole (the usual answer) is
-        passed over without looking at its messages one by one."""
-        left: list[int] = []
-        start = 0
-        for ep_no, bundle in zip(self.endpoints, self.bundles, strict=True):
-            seqs, ranges = bundle.seqs, covered.get(ep_no, ())
-            rows = self.rows[start : start + len(seqs)]
-            start += len(seqs)
-            if not any(f <= seqs[0] and seqs[-1] <= la for f, la in ranges):
-                left += [
-                    row
-                    for row, seq in zip(rows, seqs, strict=True)
-                    if not any(f <= seq <= la for f, la in ranges)
-                ]
-        return left
+        """The rows with messages no range in `covered` (endpoint -> acknowledged (first, last)
+        ranges) holds (what is left of a row acknowledged in part)."""
+        return [
+            row
+            for row, (ep_no, first, last) in zip(self.rows, self.spans, strict=True)
+            if not _covers(covered.get(ep_no, ()), first, last)
+        ]
 
     def blob(self) -> bytes:
         return pack_bundles(self.bundles)
+
+
+def _covers(ranges: Sequence[tuple[int, int]], first: int, last: int) -> bool:
+    """Whether the ranges together hold every number from `first` to `last`."""
+    at = first
+    for f, la in sorted(ranges):
+        if f > at:
+            break
+        at = max(at, la + 1)
+    return at > last
 
 
 class Dispatcher:
@@ -54,8 +57,7 @@ class Dispatcher:
     def __init__(self, port: BrokerPort, store: Store) -> None:
         self.port = port
         self.store = store
-        self.inflight: set[int] = set()  # transmission rows being sent
-        self.inflight_eps = port.sending  # their endpoints: one batch per dialog at a time
+        self.inflight_eps = port.sending  # endpoints being sent: one batch per dialog at a time
 
     @property
     def pending(self) -> bool:
@@ -70,7 +72,7 @@ class Dispatcher:
         rows = store.due_transmission(now, limits.dispatch_rows, self.inflight_eps)
         if not rows:
             return []
-        by_ep: dict[int, list[TransmissionRow]] = {}
+        by_ep: dict[int, list[Waiting]] = {}
         for r in rows:
             by_ep.setdefault(r.endpoint_no, []).append(r)
         batches: dict[tuple[str, ...], Outbound] = {}
@@ -79,11 +81,13 @@ class Dispatcher:
         local: list[int] = []
         fresh: list[int] = []  # dialogs secured in this pass: their keys are stored first
         for ep_no, ep_rows in by_ep.items():
+            if len(ep_rows) > 1:  # a row cut in two by an acknowledgement has its rest last
+                ep_rows.sort(key=lambda r: r.first_seq)
             ep = port.endpoint(ep_no)
             if ep is None:
                 local.append(ep_no)  # orphans: the endpoint is gone; dropped below
                 continue
-            if ep_rows[0].seq != store.oldest_seq(ep_no):
+            if ep_rows[0].first_seq != store.oldest_seq(ep_no):
                 continue  # older messages of this dialog are still backing off: keep the order
             m, hops = port.own_hops(ep, now)
             if hops and hops[0].rank == "local":
@@ -111,13 +115,15 @@ class Dispatcher:
                 continue
             key = tuple(h.address for h in hops)
             out = batches.get(key)
-            if out is None or len(out.rows) >= limits.batch_rows:  # several calls in flight
+            if out is None or out.messages >= limits.batch_rows:  # several calls in flight
                 if out is not None:
                     full.append(out)
                 out = batches[key] = Outbound(hops)
             out.bundles.append(bundle)
             out.rows += [r.id for r in ep_rows]
+            out.spans += [(ep_no, r.first_seq, r.last_seq) for r in ep_rows]
             out.endpoints.append(ep_no)
+            out.messages += len(bundle.seqs)
         # the fresh keys are stored first: a transaction may let the broker's working set go
         # back to its bound, and a dialog evicted keeps only the key its store has
         kept = not fresh or self._keep_sessions(fresh)
@@ -127,7 +133,6 @@ class Dispatcher:
             return []  # nothing sealed with a key that is not stored goes; all is retried
         outs = [*full, *batches.values()]
         for out in outs:
-            self.inflight.update(out.rows)
             self.inflight_eps.update(out.endpoints)
         return outs
 
@@ -160,7 +165,7 @@ class Dispatcher:
         return True
 
     def _bundle(
-        self, ep: Endpoint, rows: Sequence[TransmissionRow], now: float, fresh: list[int]
+        self, ep: Endpoint, rows: Sequence[Waiting], now: float, fresh: list[int]
     ) -> Bundle | str:
         """The dialog's waiting messages as one bundle, sealed if the dialog is secured; or
         why they wait (dialog security is not ready for them)."""
@@ -168,12 +173,21 @@ class Dispatcher:
         secured = port.outbound_security(ep, now)
         if isinstance(secured, str):
             return secured
-        bodies = [r.body for r in rows]
+        if len(rows) == 1:  # the usual case: one row per dialog
+            seqs, types, bodies = list(rows[0].seqs), rows[0].types, rows[0].bodies
+            sent = [rows[0].enqueued_at] * len(seqs)
+        else:
+            seqs, types, bodies, sent = [], [], [], []
+            for r in rows:
+                seqs += r.seqs
+                types += r.types
+                bodies += r.bodies
+                sent += [r.enqueued_at] * len(r.bodies)
         security = None
         if secured is not None:
             session, new = secured
             offer = None
-            if ep.is_initiator and rows[0].seq == 0:  # the key offer rides with message 0
+            if ep.is_initiator and seqs[0] == 0:  # the key offer rides with message 0
                 offer = port.key_offer(ep, now)
                 if isinstance(offer, str):
                     if new:
@@ -181,9 +195,8 @@ class Dispatcher:
                     return offer
             if new:
                 fresh.append(ep.no)
-            seqs, types = [r.seq for r in rows], [r.message_type for r in rows]
             security = [offer, session.seal(ep.is_initiator, seqs, types, bodies)]
-            bodies = [b""] * len(rows)  # they travel sealed, in `security`
+            bodies = [b""] * len(seqs)  # they travel sealed, in `security`
         return Bundle(
             ep.conversation_id,
             ep.service,
@@ -194,10 +207,10 @@ class Dispatcher:
             ep.contract,
             ep.expires_at,
             self.port.limits.hop_limit,
-            [r.seq for r in rows],
-            [r.message_type for r in rows],
+            seqs,
+            types,
             bodies,
-            [r.enqueued_at for r in rows],
+            sent,
             security,
         )
 
@@ -257,5 +270,4 @@ class Dispatcher:
 
     def release(self, out: Outbound) -> None:
         """Forget that a batch is in flight (its rows stay queued)."""
-        self.inflight.difference_update(out.rows)
         self.inflight_eps.difference_update(out.endpoints)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from actors.calls.envelope import Begin, End, Send, Timer
 from actors.model.catalog import DIALOG_TIMER
 
-TABLES = ("endpoints", "endpoint_seqs", "groups", "segments", "transmission")
+TABLES = ("endpoints", "endpoint_seqs", "groups", "segments", "transmission_runs")
 
 
 def rows(core) -> dict[str, int]:

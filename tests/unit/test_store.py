@@ -198,7 +198,7 @@ def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
         s.set_group_states([(b"state", 1)])
         s.upsert_endpoints([_endpoint_row(1)])
         s.insert_messages([_msg(1), _msg(2, status=RECEIVED)])
-        s.insert_transmission([(1, 0, "M", b"t", "There", None, "pending", 1.0)])
+        s.insert_transmission([(1, 0, "M", [b"t"], "There", None, "pending", 1.0)])
         s.put_requests([("r-1", 1.0, b"result")])
     s.close()
 
@@ -209,7 +209,7 @@ def test_everything_committed_survives_closing_and_reopening_a_file_store(path):
     assert s.group_state(1) == b"state"
     assert _endpoints(s) == [_endpoint_row(1)]
     assert _all_messages(s) == [_row(1), _row(2, status=RECEIVED)]
-    assert _ids(s.transmission_for("There")) == [1]
+    assert s.waiting_endpoints("There") == [1]
     assert s.request_results(["r-1"]).get("r-1") == b"result"
     assert s.max_keys() == (1, 1, 2)
     s.close()
@@ -514,17 +514,18 @@ def test_queue_rows_over_many_groups_returns_the_oldest_up_to_the_limit(store):
 def test_transmission_rows_are_kept_per_service_in_order_until_deleted(store):
     store.insert_transmission(
         [
-            (1, 0, "M", b"a", "There", None, "pending", 1.0),
-            (2, 0, "M", b"bb", "Elsewhere", "b-2", "pending", 2.0),
-            (1, 1, "M", b"c", "There", None, "pending", 3.0),
+            (1, 0, "M", [b"a"], "There", None, "pending", 1.0),
+            (2, 0, "M", [b"bb"], "Elsewhere", "b-2", "pending", 2.0),
+            (1, 1, "N", [b"c"], "There", None, "pending", 1.0),
         ]
     )
-    assert store.transmission_for("There") == [(1, 1, 0, "M", b"a", 1.0), (3, 1, 1, "M", b"c", 3.0)]
-    store.delete_transmission([1])
-    assert _ids(store.transmission_for("There")) == [3]
+    # one endpoint's runs of a transaction that go on from each other share a row
+    [row] = store.endpoint_transmission(1)
+    assert (row.first_seq, row.types, row.bodies) == (0, ["M", "N"], [b"a", b"c"])
+    assert store.waiting_endpoints("There") == [1] and store.transmission_depth() == 3
     store.delete_endpoint_transmission(1)
-    assert store.transmission_for("There") == []
-    assert store.transmission_rows(10) == [
+    assert store.waiting_endpoints("There") == []
+    assert store.transmission_messages(10) == [
         (2, 2, 0, "M", 2, "Elsewhere", "b-2", "pending", 2.0, 0, 0.0)
     ]
 

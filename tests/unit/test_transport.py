@@ -985,7 +985,7 @@ def test_a_send_and_end_with_cleanup_in_one_call_leave_nothing_waiting_to_go(net
     assert a.endpoints_view() == [] and a.transmission_view() == []
 
     with a.store.tx():  # the row an older broker left: m1, its endpoint gone
-        a.store.insert_transmission([(gone, 1, "Req", b"m1", "Target", None, "", 0.0)])
+        a.store.insert_transmission([(gone, 1, "Req", [b"m1"], "Target", None, "", 0.0)])
     a = net.restart("A", path)
     begin(a, b"n0")
     net.later()
@@ -1483,8 +1483,9 @@ def test_an_ingest_rerun_after_both_ends_went_sends_nothing_to_the_far_broker_ag
     assert [m.body for m in got] == [b"r0", b"r1"]
 
 
-def _outbound(*bundles: tuple[int, list[int], list[int]]) -> Outbound:
-    """A batch of (endpoint, sequence numbers, row ids) bundles, as dispatch builds it."""
+def _outbound(*bundles: tuple[int, list[int], list[tuple[int, int, int]]]) -> Outbound:
+    """A batch of (endpoint, sequence numbers, rows (id, first, last)) bundles, as dispatch
+    builds it."""
     out = Outbound([])
     for ep_no, seqs, rows in bundles:
         n = len(seqs)
@@ -1505,14 +1506,18 @@ def _outbound(*bundles: tuple[int, list[int], list[int]]) -> Outbound:
                 [0.0] * n,
             )  # fmt: skip
         )
-        out.rows += rows
+        out.rows += [i for i, _, _ in rows]
+        out.spans += [(ep_no, first, last) for _, first, last in rows]
         out.endpoints.append(ep_no)
     return out
 
 
 def test_an_answer_leaves_unacknowledged_exactly_the_rows_no_range_covers():
-    out = _outbound((1, [0, 1, 2], [10, 11, 12]), (2, [5, 6], [20, 21]), (3, [7], [30]))
+    out = _outbound(
+        (1, [0, 1, 2], [(10, 0, 1), (11, 2, 2)]), (2, [5, 6], [(20, 5, 6)]), (3, [7], [(30, 7, 7)])
+    )
     assert out.unacknowledged({1: [(0, 2)], 2: [(5, 6)], 3: [(7, 7)]}) == []
-    # a range short of the bundle, one bundle answered by two ranges, one not answered at all
-    assert out.unacknowledged({1: [(0, 1)], 2: [(5, 5), (6, 6)]}) == [12, 30]
-    assert out.unacknowledged({1: [(1, 2)], 3: [(8, 9)]}) == [10, 20, 21, 30]
+    # a range short of the bundle, one row answered by two ranges, one not answered at all
+    assert out.unacknowledged({1: [(0, 1)], 2: [(6, 6), (5, 5)]}) == [11, 30]
+    assert out.unacknowledged({1: [(1, 2)], 3: [(8, 9)]}) == [10, 20, 30]
+    assert out.unacknowledged({1: [(0, 0), (2, 2)]}) == [10, 20, 30]
