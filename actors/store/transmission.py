@@ -220,6 +220,9 @@ class TransmissionRows:
 
     def _keep_unacknowledged(self, w: Waiting, first: int, last: int) -> None:
         keep = [i for i, seq in enumerate(w.seqs) if not first <= seq <= last]
+        if not keep:  # the rest of a row an earlier range of the answer covered in part
+            self.db.execute("DELETE FROM transmission_runs WHERE id=?", (w.id,))
+            return
         # an acknowledged range is one run of numbers: what is left of a row is one run too,
         # unless the range is inside the row (then the row is cut in two)
         pieces = [keep]
