@@ -37,8 +37,8 @@ class Limits:
     # --- between brokers ---
     forward_buffer: int = 10_000  # messages a forwarding broker holds in memory at once
     hop_limit: int = 16  # a bundle forwarded this many times is dropped: a routing loop ends
-    batch_rows: int = 4096  # rows per call to a far broker; more make several calls in flight
-    dispatch_rows: int = 20_000  # transmission rows routed per dispatch pass
+    batch_rows: int = 4096  # messages per call to a far broker; more make several calls in flight
+    dispatch_rows: int = 20_000  # waiting messages routed per dispatch pass (whole rows)
     retry_min_s: float = 0.05  # an unacknowledged message is retried after this, doubling ...
     retry_max_s: float = 5.0  # ... up to this
     send_timeout_s: float = 30.0  # a far broker that takes longer is treated as unreachable
