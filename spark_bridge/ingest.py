@@ -30,7 +30,7 @@ from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
 from .plan import BODY_FORMATS, IngestSpec, Pace, PartitionPlanner, check_ingest_id
-from .progress import BOARD, Watcher, best_effort, board, print_progress
+from .progress import BOARD, Tally, Watcher, best_effort, board, print_progress
 
 KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
 ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest names no order
@@ -264,12 +264,17 @@ async def _send(
     pending: deque[asyncio.Task[Any]] = deque()
     sent = calls = issued = 0
     pid = os.getpid()
+    tally = Tally(
+        lambda rows, messages: best_effort(
+            lambda: meter.add.remote(planner.spec.run, pid, rows, messages)
+        )
+    )
 
     async def settle(task: asyncio.Task[Any]) -> None:
         nonlocal sent
         result, rows = await task
         sent += result["sent"]
-        best_effort(lambda: meter.add.remote(planner.spec.run, pid, rows, result["sent"]))
+        tally.add(rows, result["sent"], time.monotonic())
 
     async def one(handle: Any, ops: list[Any], request_id: str, rows: int) -> tuple[Any, int]:
         return await handle.aio.apply(ops, request_id=request_id), rows
@@ -290,6 +295,7 @@ async def _send(
                 await settle(pending.popleft())
     while pending:
         await settle(pending.popleft())
+    tally.flush(time.monotonic())
     return sent, calls
 
 

@@ -3,6 +3,7 @@ actor, and the driver shows rows and rows/s while the job runs."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -58,6 +59,7 @@ class Board:
 
 
 BOARD = "raybroker-ingest-progress"  # the board's actor name, in the brokers' namespace
+REPORT_S = 0.5  # a sender tells the board what it sent at most this often, and at its end
 
 
 def board(namespace: str) -> Any:
@@ -70,6 +72,30 @@ def board(namespace: str) -> Any:
         name=BOARD, namespace=namespace, get_if_exists=True, lifetime="detached", max_restarts=-1
     )
     return actor.remote()
+
+
+class Tally:
+    """What one sender has sent and not yet told the board. A report costs both sides a Ray
+    call, so it goes at most every `every_s` (the first at once, so a run shows its senders
+    from the start) and the rest with `flush` at the end."""
+
+    def __init__(self, tell: Callable[[int, int], Any], every_s: float = REPORT_S) -> None:
+        self.tell, self.every_s = tell, every_s
+        self.rows = self.messages = 0
+        self.told_at = -math.inf
+
+    def add(self, rows: int, messages: int, now: float) -> None:
+        self.rows += rows
+        self.messages += messages
+        if now - self.told_at >= self.every_s:
+            self.flush(now)
+
+    def flush(self, now: float) -> None:
+        if self.rows or self.messages:
+            rows, messages = self.rows, self.messages
+            self.rows = self.messages = 0
+            self.told_at = now
+            self.tell(rows, messages)
 
 
 def best_effort(call: Callable[[], Any]) -> Any:
