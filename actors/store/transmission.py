@@ -144,11 +144,14 @@ class TransmissionRows:
 
     def due_transmission(self, now: float, limit: int, skip: Iterable[int] = ()) -> list[Waiting]:
         """Rows due, in queue order, up to about `limit` messages, but those of the endpoints
-        in `skip` (being sent)."""
+        in `skip` (being sent) and those behind an older row of their endpoint that is still
+        backing off (a dialog's messages go in order)."""
         cur = self.db.execute(
-            f"SELECT {_COLUMNS} FROM transmission_runs WHERE next_attempt <= ? AND endpoint_no "
-            "NOT IN (SELECT value FROM json_each(?)) ORDER BY id",
-            (now, json.dumps(list(skip))),
+            f"SELECT {_COLUMNS} FROM transmission_runs t WHERE next_attempt <= ? AND endpoint_no "
+            "NOT IN (SELECT value FROM json_each(?)) AND NOT EXISTS (SELECT 1 FROM "
+            "transmission_runs o WHERE o.endpoint_no = t.endpoint_no AND o.first_seq < "
+            "t.first_seq AND o.next_attempt > ?) ORDER BY id",
+            (now, json.dumps(list(skip)), now),
         )
         out: list[Waiting] = []
         n = 0
@@ -250,12 +253,6 @@ class TransmissionRows:
             w.first_seq + keep[-1],
             pack_parts([w.types[i] for i in keep], [w.bodies[i] for i in keep]),
         )
-
-    def oldest_seq(self, endpoint_no: int) -> int | None:
-        row = self.db.execute(
-            "SELECT MIN(first_seq) FROM transmission_runs WHERE endpoint_no=?", (endpoint_no,)
-        ).fetchone()
-        return row[0]
 
     def has_transmission(self, endpoint_no: int) -> bool:
         sql = "SELECT 1 FROM transmission_runs WHERE endpoint_no=? LIMIT 1"

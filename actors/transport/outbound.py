@@ -87,8 +87,6 @@ class Dispatcher:
             if ep is None:
                 local.append(ep_no)  # orphans: the endpoint is gone; dropped below
                 continue
-            if ep_rows[0].first_seq != store.oldest_seq(ep_no):
-                continue  # older messages of this dialog are still backing off: keep the order
             m, hops = port.own_hops(ep, now)
             if hops and hops[0].rank == "local":
                 local.append(ep_no)

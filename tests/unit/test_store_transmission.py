@@ -79,7 +79,7 @@ def test_an_acknowledgement_of_part_of_a_row_keeps_exactly_the_rest_in_order(sto
     kept = [seq for seq, _, _ in _messages(store, 1)]
     assert kept == [*left, 10, 11]
     assert [b for seq, _, b in _messages(store, 1)] == [b"m%d" % s for s in kept]
-    assert store.oldest_seq(1) == kept[0]
+    assert store.endpoint_transmission(1)[0].first_seq == kept[0]
     # what is left keeps its status and attempts (it is the same messages' history)
     assert {r[7] for r in store.transmission_messages(100)} == {"down"}
     assert {r[9] for r in store.transmission_messages(100)} == {1}
@@ -109,6 +109,21 @@ def test_due_rows_come_in_queue_order_up_to_about_the_limit_and_skip_endpoints_b
     with store.tx():
         assert store.retry_now(1) == 5  # messages, not rows
     assert [r.endpoint_no for r in store.due_transmission(10.0, 100)] == [1, 2, 3]
+
+
+def test_rows_behind_an_older_row_still_backing_off_are_not_due(store):
+    with store.tx():
+        store.insert_transmission([_run(1, 0, [b"a0", b"a1"]), _run(2, 0, [b"x"])])
+    with store.tx():
+        store.insert_transmission([_run(1, 2, [b"a2"])])
+    [_, behind] = store.endpoint_transmission(1)
+    with store.tx():  # the second row of dialog 1 failed; a newer one comes after it
+        store.fail_transmission([behind.id], "down", 10.0)
+        store.insert_transmission([_run(1, 3, [b"a3"])])
+    due = store.due_transmission(10.0, 100)
+    assert [(r.endpoint_no, r.first_seq) for r in due] == [(1, 0), (2, 0)]
+    later = store.due_transmission(20.0, 100)  # its backoff over: all of it, in order
+    assert [(r.endpoint_no, r.first_seq) for r in later] == [(1, 0), (2, 0), (1, 2), (1, 3)]
 
 
 @settings(max_examples=200, deadline=None)
