@@ -50,6 +50,10 @@ class MirrorLink(Protocol):
 
     async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int: ...
 
+    def close(self) -> None:
+        """Let go of any connection to the mirror (this principal stops shipping)."""
+        ...
+
 
 class Shipper:
     def __init__(
@@ -90,6 +94,7 @@ class Shipper:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self.link.close()
         self._set("stale", "stopped: this partner is no longer principal")
 
     # --- callers ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from actors.errors import (
     NotPrincipal,
     StaleEpoch,
 )
-from actors.mirroring import replay
+from actors.mirroring import replay, stream
 from actors.mirroring.capture import SEQ_KEY, Capture, attach
 from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import FailureDetector, Roles
@@ -78,6 +78,7 @@ class PartnerActor:
         self._applied = asyncio.Event()  # a ship was applied (a later one may go next)
         self.boot_error: BaseException | None = None
         self._switching = asyncio.Lock()
+        self._log_server: asyncio.Server | None = None  # the log stream's (when asked)
         self._tasks = [asyncio.get_running_loop().create_task(self._boot())]
 
     # --- roles -----------------------------------------------------------------------------------
@@ -229,7 +230,10 @@ class PartnerActor:
                                    "refused_not_principal": self.refused,
                                    "node": ray.get_runtime_context().get_node_id()}  # fmt: skip
         if self.shipper is not None:
-            out |= self.shipper.lag() | {"became_principal_at": self.became}
+            out |= self.shipper.lag() | {
+                "became_principal_at": self.became,
+                "ships_travel": self.shipper.link.stream_state,
+            }
         elif self.store is not None:
             held = replay.held_seq(self.store)
             in_step = self.line is not None and self.line[0] == self.epoch
@@ -310,6 +314,27 @@ class PartnerActor:
         return replay.held_seq(store) if self.line == (epoch, line) else -1
 
     async def apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
+        return await self._apply(caller, proof, epoch, line, entries)
+
+    async def log_address(self, caller: str, proof: bytes) -> tuple[str, int]:
+        """Where the principal opens its log stream to this partner (`actors.mirroring.stream`):
+        a port on this node's address, listened on from the first ask to this actor's end."""
+        self.key.check(caller, "log_address", proof)
+        if self._log_server is None:
+            host = ray.util.get_node_ip_address()
+            self._log_server = await asyncio.start_server(self._serve_log, host, 0)
+        host, port = self._log_server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def _serve_log(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        def admit(hello: list[Any]) -> stream.Applier:
+            caller, proof, line = hello
+            self.key.check(caller, "apply", proof)
+            return lambda epoch, entries: self._apply(caller, proof, epoch, line, entries)
+
+        await stream.serve(reader, writer, admit)
+
+    async def _apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
         store = await self._mirror(caller, proof, "apply", epoch)
         if self.line != (epoch, line):
             raise MirrorBehind(-1, entries[0].seq if entries else 0)
@@ -356,6 +381,8 @@ class PartnerActor:
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+        if self._log_server is not None:
+            self._log_server.close()
         with contextlib.suppress(BrokerError):
             if self.service is not None:
                 await self.service.close()

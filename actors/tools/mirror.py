@@ -32,6 +32,8 @@ def summary(status: dict[str, Any]) -> list[str]:
         lag = ""
         if p.get("lag_transactions") is not None:
             lag = f", mirror lag {p['lag_transactions']} transactions / {p['lag_s']:.2f} s"
+        if p.get("ships_travel"):
+            lag += f"; ships: {p['ships_travel']}"
         lines.append(f"  {name}: {p.get('role')} ({p.get('state', '-')}{lag})")
     last = status.get("last_failover")
     if last:

@@ -44,6 +44,9 @@ class Link:
             raise MirrorBehind(-1, entries[0].seq)
         return replay.apply(self.store.db, replay.held_seq(self.store), entries)
 
+    def close(self) -> None:
+        pass
+
     async def rebuild(self, epoch, seq, parts) -> int:
         self._reach()
         self.store.close()

@@ -51,7 +51,7 @@ from actors.tools.bench.report import (
     percentile,
 )
 
-GOAL_RATIO = 0.6  # mirrored throughput at least this share of unmirrored
+GOAL_RATIO = 0.7  # mirrored throughput at least this share of unmirrored
 GOAL_FAILOVER_S = 5.0
 FAILOVER_GIVE_UP_S = 120.0  # the failover probe reports a failure past this
 REPEATS = 3
