@@ -354,16 +354,6 @@ class NoFailover(MirroringError):
         self.broker, self.reason = broker, reason
 
 
-class LogStreamLost(MirroringError):
-    """The principal's log stream to its mirror closed (the connection broke, the mirror refused
-    a ship, or did not answer in time). Not a user's error: the ship goes over Ray instead, whose
-    answer says what the mirror thinks (`MirrorBehind`, `StaleEpoch`, `PeerUnreachable`)."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(f"the log stream to the mirror closed: {why}; ships go over Ray")
-        self.why = why
-
-
 class MirrorCallerRefused(MirroringError):
     """A call that only a mirrored broker's partners and witness make to each other (ship to the
     mirror, rebuild it, mark it synchronized, promote) came from a caller that did not prove it

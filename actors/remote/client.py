@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 import ray
@@ -204,6 +204,11 @@ class Broker(Verbs):
     async def result_async(self, ref: ray.ObjectRef) -> Any:
         return await ref
 
+    async def channel_result(self, answer: Awaitable[Any]) -> Any:
+        """A call's answer over the direct channel (a mirrored broker's handle also watches for
+        a failover meanwhile)."""
+        return await answer
+
     def follow(self, exc: ray.exceptions.RayError) -> bool:
         """Whether a failed call should be retried on another actor this handle now points to
         (a mirrored broker's handle follows its principal; see actors.remote.mirrored)."""
@@ -366,7 +371,8 @@ class AsyncBroker(Verbs):
                     channel = self._channel()
                     if channel is not None:
                         with contextlib.suppress(ChannelBroken):
-                            return call.answer(await call.send_on(channel), post)
+                            answer = await self._sync.channel_result(call.send_on(channel))
+                            return call.answer(answer, post)
                     return call.answer(await self._sync.result_async(call.submit()), post)
                 except ray.exceptions.RayError as exc:
                     await asyncio.sleep(call.failed(exc))

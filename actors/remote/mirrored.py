@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
 import ray
@@ -270,7 +271,9 @@ def stop_mirrored_broker(name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
 class MirroredBroker(Broker):
     """A handle on a mirrored broker: the principal's actor, followed through failovers."""
 
-    direct = False  # its calls go through Ray, which tells it when the principal moved
+    # its calls go over a direct channel to the principal, as a broker's do: a call refused
+    # there with `NotPrincipal`, or not answered while the witness names another principal,
+    # is sent again (through Ray, then on the new principal's channel)
 
     def __init__(
         self, mirrored: str, namespace: str = DEFAULT_NAMESPACE, retry_s: float = 60.0
@@ -315,17 +318,28 @@ class MirroredBroker(Broker):
                 raise PrincipalMoved(self.name)
 
     async def result_async(self, ref: ray.ObjectRef) -> Any:
+        return await self._watched(ref)
+
+    async def channel_result(self, answer: Awaitable[Any]) -> Any:
+        try:
+            return await self._watched(answer)
+        except NotPrincipal:  # this partner stepped down: ask the witness, send it again
+            raise PrincipalMoved(self.name) from None
+
+    async def _watched(self, answer: Awaitable[Any]) -> Any:
         witness = ray.get_actor(witness_name(self.mirrored), namespace=self.namespace)
+        answer = asyncio.ensure_future(answer)
         every = WATCH_S
         while True:
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(ref), every)
+                return await asyncio.wait_for(asyncio.shield(answer), every)
             every = min(every * 2, WATCH_MAX_S)
             try:
                 moved = self._moved(await asyncio.wait_for(witness.get.remote(), 10))
             except (TimeoutError, ray.exceptions.RayError):
                 moved = False  # the witness cannot say now: keep waiting for the answer
-            if moved:
+            if moved:  # its answer, if one still comes, is not waited for
+                answer.add_done_callback(lambda f: f.cancelled() or f.exception())
                 raise PrincipalMoved(self.name)
 
     def _moved(self, roles: dict[str, Any]) -> bool:

@@ -16,27 +16,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import ray
 
+from actors.calls.frames import ChannelRefused
 from actors.errors import (
     BrokerError,
+    InvalidArgument,
     MirrorBehind,
     MirrorMismatch,
     NoFailover,
     NotPrincipal,
     StaleEpoch,
 )
-from actors.mirroring import replay, stream
+from actors.mirroring import replay
 from actors.mirroring.capture import SEQ_KEY, Capture, attach
 from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import FailureDetector, Roles
 from actors.mirroring.shipper import Shipper
+from actors.model.limits import Limits
 from actors.remote.broker import BrokerActor
-from actors.remote.link import RayLink, unwrap
+from actors.remote.client import direct_allowed
+from actors.remote.link import SHIP, SHIP_BYTES, RayLink, unwrap
 from actors.remote.witness import witness_name
+from actors.service.channel import PORTS_ENV, ChannelServer, channel_ports
 from actors.store.database import Store
 
 log = logging.getLogger("raybroker")
@@ -67,6 +74,7 @@ class PartnerActor:
         self.service: BrokerActor | None = None
         self.capture: Capture | None = None
         self.shipper: Shipper | None = None
+        self.link: RayLink | None = None  # the principal's to its mirror
         self.store: Store | None = None  # the mirror's
         self.line: tuple[int, str] | None = None  # the principal (epoch, incarnation) that
         # last rebuilt this mirror; only its log applies here (None: rebuild first)
@@ -78,7 +86,7 @@ class PartnerActor:
         self._applied = asyncio.Event()  # a ship was applied (a later one may go next)
         self.boot_error: BaseException | None = None
         self._switching = asyncio.Lock()
-        self._log_server: asyncio.Server | None = None  # the log stream's (when asked)
+        self._channels: ChannelServer | None = None  # direct channels (when first asked)
         self._tasks = [asyncio.get_running_loop().create_task(self._boot())]
 
     # --- roles -----------------------------------------------------------------------------------
@@ -115,7 +123,7 @@ class PartnerActor:
         if service.start_error is not None:
             raise service.start_error
         self.service, self.capture = service, attach(service.core.store)
-        link = RayLink(
+        self.link = link = RayLink(
             record.partner_of(self.partner), self.namespace, service.core.broker_id,
             self.partner, self.key,
         )  # fmt: skip
@@ -232,7 +240,7 @@ class PartnerActor:
         if self.shipper is not None:
             out |= self.shipper.lag() | {
                 "became_principal_at": self.became,
-                "ships_travel": self.shipper.link.stream_state,
+                "ships_travel": self.link.ships_travel if self.link else "-",
             }
         elif self.store is not None:
             held = replay.held_seq(self.store)
@@ -266,7 +274,7 @@ class PartnerActor:
             raise NotPrincipal(self.partner, self.principal or None, self.epoch)
         return self.service
 
-    async def _answer(self, verb: str, *args: Any) -> Any:
+    async def _answer(self, run: Callable[[BrokerActor], Awaitable[Any]]) -> Any:
         """Run a broker verb as principal; answer once the shipper says so. The shipper is the
         one this call committed under: if this partner steps down meanwhile, it says
         `NotPrincipal` (the client retries on the new principal, with the same request id)."""
@@ -274,7 +282,7 @@ class PartnerActor:
         shipper, capture = self.shipper, self.capture
         assert shipper is not None and capture is not None
         try:
-            out = await getattr(service, verb)(*args)
+            out = await run(service)
         except Exception:
             if self.service is not service:  # stepped down under it: its store is closed
                 raise NotPrincipal(self.partner, self.principal or None, self.epoch) from None
@@ -283,13 +291,45 @@ class PartnerActor:
         return out
 
     async def call(self, order: Any, method: str, *args: Any) -> Any:
-        return await self._answer("call", order, method, *args)
+        return await self._answer(lambda service: service.call(order, method, *args))
 
     async def calls(self, order: Any, batch: list) -> list:
-        return await self._answer("calls", order, batch)
+        return await self._answer(lambda service: service.calls(order, batch))
 
     async def deliver(self, blob: bytes) -> bytes:
-        return await self._answer("deliver", blob)
+        return await self._answer(lambda service: service.deliver(blob))
+
+    # --- direct channels: clients' calls to the principal, the principal's ships to the mirror
+
+    async def open_channel(self, holder: list) -> tuple[str, int, str] | None:
+        """(host, port, ticket) of a direct channel to this partner (actors.client.channel), as
+        a broker's `open_channel`. Its calls are a client's verbs (answered as principal, as
+        through Ray) and the principal's ships (as mirror), which then skip the object store
+        a ship over Ray goes through when it is larger than Ray passes inline."""
+        if not direct_allowed():
+            return None
+        try:
+            if self._channels is None:
+                self._channels = ChannelServer(
+                    self._dispatch,
+                    ray.util.get_node_ip_address(),
+                    self._undelivered,
+                    max(Limits.of(self.limits).max_call_bytes, SHIP_BYTES),
+                    channel_ports(os.environ.get(PORTS_ENV)),
+                )
+            return await self._channels.ticket(holder[0])
+        except (InvalidArgument, ChannelRefused) as exc:  # the node's setting: calls use Ray
+            log.error("partner %s opens no direct channels: %s", self.partner, exc)
+            return None
+
+    async def _dispatch(self, order: Any, method: str, args: tuple[Any, ...]) -> Any:
+        if method == SHIP:  # the principal's, to this mirror (not a client's verb `apply`)
+            return await self.apply(*args)
+        return await self._answer(lambda service: service.dispatch(order, method, args))
+
+    def _undelivered(self, order: Any, method: str, args: Any, result: Any) -> int:
+        service = self.service
+        return 0 if service is None else service.undelivered(order, method, args, result)
 
     async def holder_alive(self, handle: Any) -> bool | None:
         return await (await self._principal()).holder_alive(handle)
@@ -314,27 +354,6 @@ class PartnerActor:
         return replay.held_seq(store) if self.line == (epoch, line) else -1
 
     async def apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
-        return await self._apply(caller, proof, epoch, line, entries)
-
-    async def log_address(self, caller: str, proof: bytes) -> tuple[str, int]:
-        """Where the principal opens its log stream to this partner (`actors.mirroring.stream`):
-        a port on this node's address, listened on from the first ask to this actor's end."""
-        self.key.check(caller, "log_address", proof)
-        if self._log_server is None:
-            host = ray.util.get_node_ip_address()
-            self._log_server = await asyncio.start_server(self._serve_log, host, 0)
-        host, port = self._log_server.sockets[0].getsockname()[:2]
-        return host, port
-
-    async def _serve_log(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        def admit(hello: list[Any]) -> stream.Applier:
-            caller, proof, line = hello
-            self.key.check(caller, "apply", proof)
-            return lambda epoch, entries: self._apply(caller, proof, epoch, line, entries)
-
-        await stream.serve(reader, writer, admit)
-
-    async def _apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
         store = await self._mirror(caller, proof, "apply", epoch)
         if self.line != (epoch, line):
             raise MirrorBehind(-1, entries[0].seq if entries else 0)
@@ -381,8 +400,8 @@ class PartnerActor:
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._log_server is not None:
-            self._log_server.close()
+        if self._channels is not None:
+            self._channels.close()
         with contextlib.suppress(BrokerError):
             if self.service is not None:
                 await self.service.close()

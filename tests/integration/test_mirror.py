@@ -116,7 +116,7 @@ def test_two_partners_on_one_node_are_refused_unless_forced(mirrored):
     lines = summary(status)  # what `raybroker mirror status` prints
     assert lines[0].startswith(f"mirrored broker {name}: epoch 1, synchronized, 0 failover")
     assert f"{name}-a: principal (synchronized, mirror lag 0 transactions" in lines[1]
-    assert "ships: log stream to" in lines[1]  # not over Ray's object store
+    assert "ships: direct channel" in lines[1]  # not through Ray's object store
     assert f"{name}-b: mirror (in step" in lines[2]
 
 

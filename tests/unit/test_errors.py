@@ -64,7 +64,6 @@ SAMPLES: dict[type[BrokerError], BrokerError] = {
     errors.NotPrincipal: errors.NotPrincipal("shop.b", "shop.a", 3),
     errors.StaleEpoch: errors.StaleEpoch("shop.a", 2, 3),
     errors.MirrorBehind: errors.MirrorBehind(10, 12),
-    errors.LogStreamLost: errors.LogStreamLost("the connection broke"),
     errors.MirrorMismatch: errors.MirrorMismatch("other broker ids"),
     errors.MirrorPlacement: errors.MirrorPlacement("shop", "node-1"),
     errors.NoFailover: errors.NoFailover("shop", "the mirror is not synchronized"),
