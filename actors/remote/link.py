@@ -13,12 +13,14 @@ breaks goes again through Ray (the mirror skips what it already holds)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 import ray
 
-from actors.client.channel import ChannelBroken, ChannelSlot
+from actors.client.channel import Channel, ChannelBroken, ChannelSlot
 from actors.errors import BrokerError, PeerUnreachable
 from actors.mirroring.capture import Entry
 from actors.mirroring.pairkey import PairKey
@@ -82,17 +84,26 @@ class RayLink:
         return await unwrap(ref, APPLY_S, self.mirror)
 
     async def apply(self, epoch: int, entries: list[Entry]) -> int:
+        return await self.ship(epoch, entries)
+
+    def ship(self, epoch: int, entries: list[Entry]) -> Awaitable[int]:
         args = (*self._proved("apply"), epoch, self.line, entries)
         channel = self._channel.get()
         if channel is not None:
-            try:
-                answer = channel.send(None, SHIP, args)
-                return await asyncio.wait_for(asyncio.shield(answer), APPLY_S)
-            except TimeoutError:
-                channel.close("a ship was not answered in time")
-                raise PeerUnreachable.no_answer(self.mirror, APPLY_S) from None
-            except ChannelBroken:
-                pass  # through Ray
+            with contextlib.suppress(ChannelBroken):
+                return self._answered(channel, channel.send(None, SHIP, args), args)
+        return self._through_ray(args)
+
+    async def _answered(self, channel: Channel, answer: asyncio.Future, args: tuple) -> int:
+        try:
+            return await asyncio.wait_for(asyncio.shield(answer), APPLY_S)
+        except TimeoutError:
+            channel.close("a ship was not answered in time")
+            raise PeerUnreachable.no_answer(self.mirror, APPLY_S) from None
+        except ChannelBroken:  # it goes again through Ray; the mirror skips what it holds
+            return await self._through_ray(args)
+
+    async def _through_ray(self, args: tuple) -> int:
         return await unwrap(self._handle().apply.remote(*args), APPLY_S, self.mirror)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from actors.core import BrokerCore, Limits
 from actors.errors import MirrorBehind, NotPrincipal, PeerUnreachable
 from actors.mirroring import replay, roles
 from actors.mirroring.capture import attach
-from actors.mirroring.shipper import Shipper
+from actors.mirroring.shipper import IN_FLIGHT, Shipper
 from actors.store.database import Store
 from tests.fakes import FakeClock
 from tests.polling import apoll
@@ -43,6 +43,9 @@ class Link:
         if self.line != epoch:
             raise MirrorBehind(-1, entries[0].seq)
         return replay.apply(self.store.db, replay.held_seq(self.store), entries)
+
+    def ship(self, epoch, entries):
+        return self.apply(epoch, entries)
 
     def close(self) -> None:
         pass
@@ -173,7 +176,7 @@ class SlowLink(Link):
             self.flying -= 1
 
 
-def test_ships_go_two_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_path):
+def test_ships_go_several_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_path):
     store = Store(str(tmp_path / "p.sqlite"))
     capture = attach(store)
     core = BrokerCore(store, FakeClock(), Limits())
@@ -195,7 +198,46 @@ def test_ships_go_two_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_p
 
     try:
         asyncio.run(go())
-        assert link.most_flying == 2
+        assert link.most_flying == IN_FLIGHT
+        assert dump(link.store) == dump(core.store)
+    finally:
+        link.store.close()
+        store.close()
+
+
+class EagerLink(Link):
+    """Records, as it is asked, which entries each ship starts with."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.shipped: list[int] = []
+
+    def ship(self, epoch, entries):
+        self.shipped.append(entries[-1].seq)
+        return self.apply(epoch, entries)
+
+
+def test_a_commit_is_shipped_in_its_own_step_once_the_mirror_is_in_step(tmp_path):
+    store = Store(str(tmp_path / "p.sqlite"))
+    capture = attach(store)
+    core = BrokerCore(store, FakeClock(), Limits())
+    link, witness = EagerLink(str(tmp_path / "m.sqlite")), Witness()
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        try:
+            await shipper.settled(capture.seq)  # in step (after a rebuild)
+            for _ in range(3):
+                open_core_dialog(core)  # commits; nothing awaited in between
+                assert link.shipped and link.shipped[-1] == capture.seq  # already on its way
+                await shipper.settled(capture.seq)
+        finally:
+            await shipper.stop()
+
+    try:
+        asyncio.run(go())
         assert dump(link.store) == dump(core.store)
     finally:
         link.store.close()
