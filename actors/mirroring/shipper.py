@@ -50,7 +50,8 @@ class MirrorLink(Protocol):
 
     def ship(self, epoch: int, entries: list[Entry]) -> Awaitable[int]:
         """`apply`, started at once: over a connection of its own, the entries are on their way
-        when this returns; the awaitable is the mirror's answer."""
+        when this returns; the awaitable (best a future, whose answer is taken as it comes) is
+        the mirror's answer."""
         ...
 
     async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int: ...
@@ -166,52 +167,82 @@ class Shipper:
                 self._set("stale", str(exc))
                 return
 
+    def _in_step(self) -> bool:
+        return self.acked >= 0 and self.state != "stale" and self._task is not None
+
     def _committed(self) -> None:
         """A transaction committed: ship it now, in the commit's own step, when the mirror is in
         step and a ship may go. Left to the loop below, it would go once the event loop got to
         it, behind whatever else was ready (1-3 ms under load, which every caller waited)."""
         self._work.set()
-        if self.acked >= 0 and self.state != "stale" and self._task is not None:
+        if self._in_step():
             try:
                 self._launch()
             except Exception:  # the loop below sends it
                 log.exception("mirror of %s: a ship could not be started", self.name)
 
     def _launch(self) -> None:
-        """Start ships of what committed and was not sent yet, up to `IN_FLIGHT` under way."""
-        while len(self._flying) < IN_FLIGHT:
+        """Start ships of what committed and was not sent yet, up to `IN_FLIGHT` under way (none
+        behind one that failed: the loop below acts on it first)."""
+        while len(self._flying) < IN_FLIGHT and self._failed_head() is None:
             entries = [e for e in self.capture.take(SHIP_MOST * IN_FLIGHT) if e.seq > self._sent]
             if not entries:
                 return
             entries = entries[:SHIP_MOST]
             self._sent = entries[-1].seq
-            self._flying.append(asyncio.ensure_future(self.link.ship(self.epoch, entries)))
+            ship = asyncio.ensure_future(self.link.ship(self.epoch, entries))
+            ship.add_done_callback(self._landed)
+            self._flying.append(ship)
+
+    def _landed(self, _: asyncio.Future) -> None:
+        """Ships answered, oldest first, move `acked` on as their answers come (each step the
+        answer waited for the loop below to run again was a step every caller waited too); a
+        ship that failed is left first in line for the loop below to act on."""
+        landed = False
+        while self._flying and self._flying[0].done():
+            if self._failed_head() is not None:
+                self._work.set()
+                break
+            first = self._flying.popleft()
+            self.acked = max(self.acked, first.result())
+            self.ships += 1
+            landed = True
+        if landed:
+            self.capture.drop_through(self.acked)
+            self._changed.set()
+            if self._in_step():
+                self._launch()
 
     async def _ship(self) -> None:
-        """Keep up to `IN_FLIGHT` ships under way (the mirror applies them in order), so a
-        commit waits for one ship's round trip, not for the ones before it as well."""
+        """Keep up to `IN_FLIGHT` ships under way (the mirror applies them in order, and
+        `_landed` takes their answers), so a commit waits for one ship's round trip, not for the
+        ones before it as well; a ship that failed ends this (the caller exposes or rebuilds)."""
+        self._raise_failed()
         self._launch()
+        self._work.clear()
         if not self._flying:
-            self._work.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._work.wait(), 1.0)
             return
-        self._work.clear()
-        first = self._flying[0]
         more = asyncio.ensure_future(self._work.wait())
-        await asyncio.wait([first, more], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([self._flying[0], more], return_when=asyncio.FIRST_COMPLETED)
         more.cancel()
-        if not first.done():
-            return  # more committed meanwhile: send it alongside
-        self._flying.popleft()
-        try:
-            self.acked = max(self.acked, first.result())
-        except BaseException:
+        self._raise_failed()
+
+    def _failed_head(self) -> asyncio.Future | None:
+        """The first ship under way, if it failed (one answered is taken by `_landed`)."""
+        first = self._flying[0] if self._flying else None
+        if first is None or not first.done():
+            return None
+        return first if first.cancelled() or first.exception() is not None else None
+
+    def _raise_failed(self) -> None:
+        """The first ship under way failed: drop them all, and raise why."""
+        first = self._failed_head()
+        if first is not None:
+            failure = None if first.cancelled() else first.exception()
             self._drop_flying()
-            raise
-        self.ships += 1
-        self.capture.drop_through(self.acked)
-        self._changed.set()
+            raise failure or RuntimeError("a ship to the mirror was cancelled")
 
     def _drop_flying(self) -> None:
         for f in self._flying:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable
 from typing import Any
 
 import ray
@@ -44,6 +43,16 @@ async def unwrap(ref: Any, timeout: float = 10.0, who: str = "the witness") -> A
         raise PeerUnreachable.failed(who) from None
     except ray.exceptions.RayError:
         raise PeerUnreachable.stopped(who) from None
+
+
+def _settle(out: asyncio.Future, done: asyncio.Future) -> None:
+    """`out` answered as `done` was."""
+    if done.cancelled():
+        out.cancel()
+    elif done.exception() is not None:
+        out.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        out.set_result(done.result())
 
 
 class RayLink:
@@ -86,22 +95,42 @@ class RayLink:
     async def apply(self, epoch: int, entries: list[Entry]) -> int:
         return await self.ship(epoch, entries)
 
-    def ship(self, epoch: int, entries: list[Entry]) -> Awaitable[int]:
+    def ship(self, epoch: int, entries: list[Entry]) -> asyncio.Future[int]:
+        """The ship on its way (written to the channel before this returns, when one is open);
+        the future is its answer, set as soon as the answer comes, not a step later."""
         args = (*self._proved("apply"), epoch, self.line, entries)
         channel = self._channel.get()
         if channel is not None:
             with contextlib.suppress(ChannelBroken):
                 return self._answered(channel, channel.send(None, SHIP, args), args)
-        return self._through_ray(args)
+        return asyncio.ensure_future(self._through_ray(args))
 
-    async def _answered(self, channel: Channel, answer: asyncio.Future, args: tuple) -> int:
-        try:
-            return await asyncio.wait_for(asyncio.shield(answer), APPLY_S)
-        except TimeoutError:
-            channel.close("a ship was not answered in time")
-            raise PeerUnreachable.no_answer(self.mirror, APPLY_S) from None
-        except ChannelBroken:  # it goes again through Ray; the mirror skips what it holds
-            return await self._through_ray(args)
+    def _answered(self, channel: Channel, answer: asyncio.Future, args: tuple) -> asyncio.Future:
+        """`answer`, or `PeerUnreachable` if it does not come within APPLY_S; a ship whose
+        channel broke goes again through Ray (the mirror skips what it already holds)."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[int] = loop.create_future()
+
+        def late() -> None:
+            if not out.done():
+                out.set_exception(PeerUnreachable.no_answer(self.mirror, APPLY_S))
+                channel.close("a ship was not answered in time")
+
+        timer = loop.call_later(APPLY_S, late)
+
+        def came(done: asyncio.Future) -> None:
+            timer.cancel()
+            if out.done():
+                return
+            failure = None if done.cancelled() else done.exception()
+            if isinstance(failure, ChannelBroken) or done.cancelled():
+                again = asyncio.ensure_future(self._through_ray(args))
+                again.add_done_callback(lambda r: out.done() or _settle(out, r))
+            else:
+                _settle(out, done)
+
+        answer.add_done_callback(came)
+        return out
 
     async def _through_ray(self, args: tuple) -> int:
         return await unwrap(self._handle().apply.remote(*args), APPLY_S, self.mirror)

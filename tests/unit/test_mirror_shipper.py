@@ -157,12 +157,14 @@ class SlowLink(Link):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self.flying = self.most_flying = self.started = 0
+        self.flying = self.most_flying = self.started = 0  # ships under way, most, started
+        self.started_through = 0  # the last entry a started ship carries
         self.applied = asyncio.Event()
 
     async def apply(self, epoch, entries) -> int:
         self.flying += 1
         self.started += 1
+        self.started_through = max(self.started_through, entries[-1].seq)
         self.most_flying = max(self.most_flying, self.flying)
         try:
             await asyncio.sleep(0.02)  # the link's latency: what keeps two ships under way
@@ -189,10 +191,10 @@ def test_ships_go_several_at_a_time_and_the_mirror_still_applies_them_in_order(t
         await shipper.settled(capture.seq)
         waits = []
         for _ in range(20):  # commits keep coming while ships are under way
-            started = link.started
             open_core_dialog(core)
             waits.append(asyncio.ensure_future(shipper.settled(capture.seq)))
-            await apoll(lambda started=started: link.started > started, "its ship to start")
+            seq = capture.seq
+            await apoll(lambda seq=seq: link.started_through >= seq, "its ship to start")
         await asyncio.gather(*waits)
         await shipper.stop()
 
