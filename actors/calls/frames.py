@@ -65,6 +65,7 @@ def tune(sock: socket.socket | None) -> None:
 
 
 OK, ERROR, NOT_HERE = 0, 1, 2  # an answer's status; NOT_HERE: not run, send it through Ray
+DELIVER = "deliver"  # a call's method for another broker's bundles (actors.remote.peers)
 
 
 def dumps(obj: Any, pickler: type[pickle.Pickler] = pickle.Pickler) -> bytes:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.calls.envelope import NOTHING_RECEIVED as NOTHING
 from actors.calls.envelope import pack_received, placed, taken_locks, unpack_ops
+from actors.calls.frames import DELIVER
 from actors.calls.ordering import CallKey, Order, call_key
 from actors.errors import BrokerError, InvalidArgument, shown
 from actors.model import checks
@@ -82,7 +83,8 @@ def metric_label(method: object) -> str:
 
 
 class BatchVerbs:
-    """The entry points; the service supplies the rest (`verb`, `_start_*`, `_wait`, `core`)."""
+    """The entry points; the service supplies the rest (`verb`, `_start_*`, `_wait`, `core`,
+    `deliver`)."""
 
     core: BrokerCore
     holders: LockHolders
@@ -90,6 +92,9 @@ class BatchVerbs:
     _order: Sequencer
     replies: Replies
     name: str
+
+    async def deliver(self, blob: bytes) -> bytes:
+        raise NotImplementedError
 
     async def call(self, order: Order, method: str, *args: Any) -> Any:
         """A client handle's call: `method(*args)`, started once the client's earlier calls have
@@ -111,11 +116,15 @@ class BatchVerbs:
             raise refusal(method, exc) from None
 
     async def dispatch(self, order: Order, method: str, args: tuple[Any, ...]) -> Any:
-        """A call that came over a direct channel (actors.client.channel): a batch (`calls`) or a
-        verb, as it would have come through Ray."""
+        """A call that came over a direct channel (actors.client.channel): a batch (`calls`), a
+        verb, or another broker's delivery, as it would have come through Ray."""
         try:
             if method == "calls":
                 return await self.calls(order, *args)
+            if method == DELIVER:  # another broker's bundles (actors.remote.peers)
+                if len(args) != 1 or not isinstance(args[0], bytes):
+                    raise InvalidArgument("deliver takes one argument: the bundles' bytes")
+                return await self.deliver(args[0])
             return await self.call(order, method, *args)
         except BrokerError:
             raise

@@ -87,6 +87,25 @@ def test_a_dialog_crosses_two_brokers_and_replies_come_back(brokers):
     )
 
 
+def test_deliveries_between_brokers_go_over_a_direct_channel_once_it_is_open(brokers):
+    a, t = brokers("A", "T")
+    host(a)
+    host(t)
+    a.create_route("ToTarget", "Target", address=addr(t))
+    h = a.begin_dialog("Init", "Target", encryption=False)
+    a.apply([Send(h, "DEFAULT", b"0")])  # through Ray; A opens its channel to T meanwhile
+    wait_until(lambda: sent_out(a), what="the first message to be delivered")
+    # this driver's channel to T, and A's
+    wait_until(lambda: t.info()["channels"]["open"] >= 2, what="A's channel to T to open")
+    before = t.info()["channels"]["calls"]
+    for i in range(1, 6):
+        a.apply([Send(h, "DEFAULT", b"%d" % i)])
+        wait_until(lambda: sent_out(a), what=f"message {i} to be delivered")
+    delivered = t.info()["channels"]["calls"] - before - 1  # (less this info call)
+    assert delivered >= 5  # each delivery a call on the channel, none through Ray
+    assert list(drain(t).values()) == [[0, 1, 2, 3, 4, 5]]  # once each, in order
+
+
 def test_load_balancing_splits_dialogs_evenly_and_keeps_each_on_one_broker(brokers):
     a, db_b, db_c = brokers("A", "DatabaseB", "DatabaseC")
     for b in (a, db_b, db_c):
