@@ -382,14 +382,17 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs, Waiting):
         owner_id: str | None,
         reader: str | None,
     ) -> list[ReceivedGroup]:
+        # a take, then the wait, with no await between: the caller's first take ran in a group
+        # commit some steps ago, and a message that arrived since woke nobody (a wait that
+        # began after it would have slept through it, up to its whole timeout)
         while True:
+            groups = self._take(queue, options, owner_id, reader)
+            if groups:
+                return groups
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
             await self._wait(queue, left)
-            groups = self._take(queue, options, owner_id, reader)
-            if groups:
-                return groups
 
     async def receive_groups(
         self,
