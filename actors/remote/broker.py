@@ -24,11 +24,31 @@ from actors.remote.metrics import RayMetrics
 from actors.remote.peers import RayPeers
 from actors.remote.pools import RayReaderLauncher
 from actors.service.broker import BrokerService
-from actors.service.channel import PORTS_ENV, ChannelServer, channel_ports
+from actors.service.channel import (
+    PORTS_ENV,
+    ChannelServer,
+    Dispatch,
+    Undelivered,
+    channel_ports,
+)
 
 log = logging.getLogger("raybroker")
 
 GC_THRESHOLDS = (10_000, 10, 10)  # gc.set_threshold: a young pass per 10,000 new objects
+
+
+def node_channels(
+    dispatch: Dispatch, undelivered: Undelivered, max_call_bytes: int
+) -> ChannelServer:
+    """A direct channels' listener on this node's address, on a port `RAYBROKER_CHANNEL_PORTS`
+    allows (`InvalidArgument` if that setting is not a port or a range of them)."""
+    return ChannelServer(
+        dispatch,
+        ray.util.get_node_ip_address(),
+        undelivered,
+        max_call_bytes,
+        channel_ports(os.environ.get(PORTS_ENV)),
+    )
 
 
 class BrokerActor(BrokerService):
@@ -90,13 +110,8 @@ class BrokerActor(BrokerService):
             return None
         try:
             if self._channels is None:
-                self._channels = ChannelServer(
-                    self.dispatch,
-                    ray.util.get_node_ip_address(),
-                    self.undelivered,
-                    Limits.of(self.limits).max_call_bytes,
-                    channel_ports(os.environ.get(PORTS_ENV)),
-                )
+                max_call_bytes = Limits.of(self.limits).max_call_bytes
+                self._channels = node_channels(self.dispatch, self.undelivered, max_call_bytes)
             return await self._channels.ticket(holder[0])
         except (InvalidArgument, ChannelRefused) as exc:  # the node's setting: calls use Ray
             log.error("raybroker: broker %s opens no direct channels: %s", self.name, exc)

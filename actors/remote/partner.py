@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,11 +38,11 @@ from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import FailureDetector, Roles
 from actors.mirroring.shipper import Shipper
 from actors.model.limits import Limits
-from actors.remote.broker import BrokerActor
+from actors.remote.broker import BrokerActor, node_channels
 from actors.remote.client import direct_allowed
 from actors.remote.link import SHIP, SHIP_BYTES, RayLink, unwrap
 from actors.remote.witness import witness_name
-from actors.service.channel import PORTS_ENV, ChannelServer, channel_ports
+from actors.service.channel import ChannelServer
 from actors.store.database import Store
 
 log = logging.getLogger("raybroker")
@@ -310,13 +309,8 @@ class PartnerActor:
             return None
         try:
             if self._channels is None:
-                self._channels = ChannelServer(
-                    self._dispatch,
-                    ray.util.get_node_ip_address(),
-                    self._undelivered,
-                    max(Limits.of(self.limits).max_call_bytes, SHIP_BYTES),
-                    channel_ports(os.environ.get(PORTS_ENV)),
-                )
+                most = max(Limits.of(self.limits).max_call_bytes, SHIP_BYTES)
+                self._channels = node_channels(self._dispatch, self._undelivered, most)
             return await self._channels.ticket(holder[0])
         except (InvalidArgument, ChannelRefused) as exc:  # the node's setting: calls use Ray
             log.error("partner %s opens no direct channels: %s", self.partner, exc)

@@ -267,6 +267,14 @@ def store_keys(broker: Any) -> tuple[Counter[tuple[str, int]], int]:
         after = page["next"]
 
 
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def no_claim(front: Any, root: str, result: dict[str, Any]) -> None:
     """Seed 001 across nodes: a second mirrored broker ms (partners on zone_a and zone_b, its
     mirror slow to take over) loses its principal; the front, unable to reach it, must send
@@ -283,7 +291,11 @@ def no_claim(front: Any, root: str, result: dict[str, Any]) -> None:
     h = front.begin_dialog("Shop", "S", encryption=False)
     front.send(h, "DEFAULT", b"1")
     wait_until(lambda: ms.queues()["SQ"]["depth"] == 1, 60, "the first message at ms-a")
+    pid = ms.info()["pid"]  # (all the nodes are this machine's)
     ray.kill(ray.get_actor("ms-a", namespace="raybroker"), no_restart=True)
+    # ray.kill returns before the process is gone, and the front's open channel to it would
+    # still take a send until then
+    wait_until(lambda: not process_alive(pid), 60, "ms-a's process to be gone")
     front.send(h, "DEFAULT", b"2")
 
     def held_back() -> bool:
