@@ -4,6 +4,7 @@ the condition), failing with what was awaited."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,3 +32,12 @@ async def apoll(check: Callable[[], Any], what: str, timeout: float = 5.0) -> An
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.001)
     return value
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process `pid` (on this machine) has exited: `ray.kill` returns before it has."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

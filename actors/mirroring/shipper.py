@@ -49,9 +49,9 @@ class MirrorLink(Protocol):
     async def apply(self, epoch: int, entries: list[Entry]) -> int: ...
 
     def ship(self, epoch: int, entries: list[Entry]) -> Awaitable[int]:
-        """`apply`, started at once: over a connection of its own, the entries are on their way
-        when this returns; the awaitable (best a future, whose answer is taken as it comes) is
-        the mirror's answer."""
+        """`apply`, started at once: over a direct channel, the entries are on their way when
+        this returns; the awaitable (best a future, whose answer is taken as it comes) is the
+        mirror's answer."""
         ...
 
     async def rebuild(self, epoch: int, seq: int, parts: list[bytes]) -> int: ...

@@ -48,7 +48,10 @@ from actors.remote.mirrored import (
     start_mirrored_broker,
 )
 from actors.remote.runtime import local_cluster
-from tests.polling import wait_until  # the project's root is on the path (in_own_process)
+from tests.polling import (  # the project's root is on the path (in_own_process)
+    process_gone,
+    wait_until,
+)
 
 DIALOGS = 20
 ROUNDS = 40
@@ -267,14 +270,6 @@ def store_keys(broker: Any) -> tuple[Counter[tuple[str, int]], int]:
         after = page["next"]
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def no_claim(front: Any, root: str, result: dict[str, Any]) -> None:
     """Seed 001 across nodes: a second mirrored broker ms (partners on zone_a and zone_b, its
     mirror slow to take over) loses its principal; the front, unable to reach it, must send
@@ -295,7 +290,7 @@ def no_claim(front: Any, root: str, result: dict[str, Any]) -> None:
     ray.kill(ray.get_actor("ms-a", namespace="raybroker"), no_restart=True)
     # ray.kill returns before the process is gone, and the front's open channel to it would
     # still take a send until then
-    wait_until(lambda: not process_alive(pid), 60, "ms-a's process to be gone")
+    wait_until(lambda: process_gone(pid), 60, "ms-a's process to be gone")
     front.send(h, "DEFAULT", b"2")
 
     def held_back() -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import uuid
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from actors.remote.trust import secure_dialogs
 from actors.remote.witness import WitnessActor
 from actors.tools.cli import main
 from actors.tools.mirror import summary
-from tests.polling import wait_until
+from tests.polling import process_gone, wait_until
 
 from .conftest import in_own_process
 
@@ -175,7 +174,7 @@ def test_seed_001_a_sender_whose_principal_is_unreachable_sends_nothing_to_a_par
     ray.kill(ray.get_actor(f"{name}-a", namespace="raybroker"), no_restart=True)
     # ray.kill returns before the process is gone, and the front's open channel to it would
     # still take a send until then
-    wait_until(lambda: not _alive(pid), 30, "the principal's process to be gone")
+    wait_until(lambda: process_gone(pid), 30, "the principal's process to be gone")
     front.send(h, "DEFAULT", b"2")
 
     def waiting_for_a_principal() -> bool:
@@ -402,14 +401,6 @@ def test_a_witness_changes_its_record_only_once_the_change_is_on_disk(ray_sessio
     assert after["principal"] == "wd-b" and after["epoch"] == 2
     assert json.loads(path.read_text()) == after
     ray.kill(again)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _gone(actor: str) -> bool:
