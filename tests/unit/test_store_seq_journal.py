@@ -144,9 +144,10 @@ def test_sweeps_fold_the_journal_and_reads_always_see_the_newest_numbers(path, s
             s.close()
             s = Store(path)
         assert {no: numbers(s, no) for no in nos} == want
-        # the journal holds two sweeps' rows (three across a restart) and the rows of the
-        # transaction that ends one; the table is never ahead of a read
-        assert journal_rows(s) <= 3 * seq_journal.SWEEP_ROWS + 4
+        # the journal holds two sweeps' rows and what they carried (at most one row per
+        # endpoint each; three sweeps across a restart) and the rows of the transaction that
+        # ends one; the table is never ahead of a read
+        assert journal_rows(s) <= 3 * (seq_journal.SWEEP_ROWS + len(nos)) + 4
         assert all(table(s)[no] <= want[no] for no in nos)
         # an endpoint's numbers leave memory only once the table holds them
         assert all(table(s)[no] == want[no] for no in nos if no not in s.seq_journal.latest)
@@ -174,6 +175,31 @@ def test_a_busy_endpoint_is_not_folded_while_it_stays_busy_and_the_journal_stays
     s.close()
     s = Store(path)  # a restart reads the busy endpoint's newest numbers back
     assert numbers(s, 1) == (110, 120)
+    s.close()
+
+
+def test_an_endpoint_written_in_every_sweep_is_carried_never_folded_and_folded_once_quiet(
+    path, small_sweeps
+):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(no) for no in range(1, 302)])
+    # endpoint 1 written every 8th transaction; a sweep lasts 10 or more (a row each, the
+    # others written once): it misses many sweeps' windows but is written in every sweep
+    for n in range(1, 201):
+        rows = [(10 + n, 20 + n, 1 + n)] + ([(10 + n, 20 + n, 1)] if n % 8 == 0 else [])
+        with s.tx():
+            s.update_endpoint_seqs(rows)
+    assert numbers(s, 1) == (210, 220)
+    assert table(s)[1] == BIRTH  # carried at the journal's end, never a scattered write
+    assert 1 in s.seq_journal.latest
+    for n in range(201, 301):  # quiet now for many sweeps: folded, and out of memory
+        with s.tx():
+            s.update_endpoint_seqs([(10 + n, 20 + n, 1 + n)])
+    assert table(s)[1] == (210, 220) and 1 not in s.seq_journal.latest
+    assert numbers(s, 1) == (210, 220)
+    s.close()
+    s = Store(path)
+    assert numbers(s, 1) == (210, 220)
     s.close()
 
 
