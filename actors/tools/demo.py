@@ -228,6 +228,30 @@ def _latency(records: Any, ingest_id: str) -> tuple[float, float]:
     return p50, p99
 
 
+def _hops(records: Any, since: float) -> str:
+    """Where the steady phase's time goes, hop by hop along an order's path (to a router, to its
+    region, the reply to a router, back to the shop): each hop's p50 in transit (sent by one
+    broker -> stored by the next) and queued (stored -> received and committed)."""
+    from pyspark.sql import functions as F
+
+    from actors.ddr.router import ROUTER_QUEUE
+
+    ms = lambda a, b: (F.col(a) - F.col(b)) * 1000  # noqa: E731
+    rows = (
+        records.filter(F.col("sent_at") >= since)
+        .groupBy("message_type", "queue")
+        .agg(
+            F.percentile_approx(ms("arrived_at", "sent_at"), 0.5).alias("transit"),
+            F.percentile_approx(ms("committed_at", "arrived_at"), 0.5).alias("queued"),
+        )
+        .collect()
+    )
+    # an order goes to a router first, then to its region; a reply to a router, then the shop
+    rows.sort(key=lambda r: (r.message_type != "Order", r.queue != ROUTER_QUEUE))
+    hops = [f"{r.queue} ({r.message_type}) {r.transit:,.0f} + {r.queued:,.0f}" for r in rows]
+    return ", ".join(hops) + " ms"
+
+
 def _summary(audit: Any, phases: list[Phase], startup: dict[str, float], progress: Any) -> bool:
     from pyspark.sql import functions as F
 
@@ -282,6 +306,7 @@ def _summary(audit: Any, phases: list[Phase], startup: dict[str, float], progres
             f"{steady.messages_per_s:,.0f} messages/s there and back",
         ),  # fmt: skip
         ("latency at steady rate", f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"),
+        ("by hop, in transit + queued", _hops(records, steady.started)),
         ("lost", f"{lost}"),
         ("doubled", f"{doubled}"),
         ("out of order", f"{out_of_order}"),

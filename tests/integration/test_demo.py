@@ -32,6 +32,10 @@ def test_the_demo_routes_every_order_line_to_its_region_and_back_once_in_order(s
     regions = [int(summary[f"lines at Sales{r}"].replace(",", "")) for r in ("EU", "US", "APAC")]
     assert sum(regions) == lines and max(regions) - min(regions) <= 3
     assert re.fullmatch(r"p50 [\d,]+ ms, p99 [\d,]+ ms", summary["latency at steady rate"])
+    # where that latency goes: the four hops of an order and its reply, in the order they happen
+    hops = re.findall(r"(\w+) \((\w+)\) [\d,]+ \+ [\d,]+", summary["by hop, in transit + queued"])
+    assert hops == [("RouterQueue", "Order"), ("SalesQ", "Order"), ("RouterQueue", "Reply"),
+                    ("StoreQ", "Reply")]  # fmt: skip
     assert summary["result"] == "every line once, in order, both ways"
     # start-up apart from the pipeline's figures; a live line while the orders go out
     assert re.fullmatch(r"Ray [\d.]+s, deploy [\d.]+s, Spark [\d.]+s, first use [\d.]+s",
