@@ -14,6 +14,7 @@ class Counts:
     committed: int = 0  # received and committed
     rolled_back: int = 0  # received and returned to their queue
     forwarded: int = 0  # relayed to another broker (forwarding brokers)
+    passed_through: int = 0  # sent on a relayed dialog at arrival, no reader (`Begin.relays`)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

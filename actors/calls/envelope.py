@@ -58,7 +58,14 @@ class Begin:
     `encryption` (seed 003's ENCRYPTION): on, no message of the dialog leaves this broker
     unless dialog security is configured for its far service (a RemoteServiceBinding); they wait
     in the transmission queue, saying so, until it is. Off, they are sealed when it is
-    configured and go in the clear when not. Within one broker nothing is encrypted."""
+    configured and go in the clear when not. Within one broker nothing is encrypted.
+
+    `relays`: the handle of a dialog this broker received (its target side), in the group this
+    one joins and on the same contract, that this one carries on (a forwarding router's pair).
+    A data message arriving on either of the two while their group has nothing waiting and no
+    reader holding it is then sent on the other at once, as the group's handler would, without
+    going through the queue (recorded in the delivery audit as received and committed there).
+    Ends, Errors and anything arriving while the group is busy take the queue as usual."""
 
     from_service: str
     to_service: str
@@ -71,6 +78,7 @@ class Begin:
     conversation_id: str | None = None
     if_absent: bool = False
     encryption: bool = True
+    relays: str | None = None
 
     def __post_init__(self) -> None:
         _name("from_service", self.from_service)
@@ -92,6 +100,7 @@ class Begin:
         _handle("conversation_id", self.conversation_id, none=True)
         checks.flag("if_absent", self.if_absent)
         checks.flag("encryption", self.encryption)
+        _handle("relays", self.relays, none=True)
 
 
 @dataclass(frozen=True)
@@ -188,8 +197,8 @@ class Timer:
 Op = Begin | Send | End | Timer
 _TAGS: dict[type, int] = {Begin: 0, Send: 1, End: 2, Timer: 3}
 # fields of each op on the wire, its tag included (a Begin of a release before dialog security
-# has no `encryption`: 11 fields, read as off)
-_ARITY = {0: (11, 12), 1: (5,), 2: (5,), 3: (3,)}
+# has no `encryption`: 11 fields, read as off; `relays` is sent only when set)
+_ARITY = {0: (11, 12, 13), 1: (5,), 2: (5,), 3: (3,)}
 
 
 def call_bytes(ops: Sequence[Op]) -> int:
@@ -237,6 +246,7 @@ def pack_ops(ops: Sequence[Op]) -> bytes:
                     op.conversation_id,
                     op.if_absent,
                     op.encryption,
+                    *(() if op.relays is None else (op.relays,)),
                 ]
             )
         elif tag == 2:
@@ -273,7 +283,8 @@ def unpack_ops(blob: bytes) -> list[Op]:
         if tag == 1:
             ops.append(Send(rec[1], rec[2], rec[3], rec[4]))
         elif tag == 0:
-            ops.append(Begin(*rec[1:11], encryption=rec[11] if len(rec) > 11 else False))
+            extra = {"relays": rec[12]} if len(rec) > 12 else {}
+            ops.append(Begin(*rec[1:11], encryption=rec[11] if len(rec) > 11 else False, **extra))
         elif tag == 2:
             ops.append(End(*rec[1:]))
         else:

@@ -58,7 +58,7 @@ class Changes:
     __slots__ = (
         "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
         "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
-        "after", "sent",
+        "after", "sent", "passed",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -80,6 +80,7 @@ class Changes:
         self.undo: list[Callable[[], None]] = []
         self.after: list[Callable[[], None]] = []
         self.sent = 0  # messages sent (for the broker's counts)
+        self.passed = 0  # of those, passed through at arrival (`Delivery.pass_through`)
 
     def touch(self, ep: Endpoint) -> Endpoint:
         """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""

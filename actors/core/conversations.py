@@ -147,7 +147,8 @@ class Conversations(Part):
                 f"conversation id {conversation_id!r} is already a dialog on this broker; "
                 "choose another (or leave it out for a fresh one)"
             )
-        st.new_endpoint(
+        relayed = None if op.relays is None else self._relayed(op, group_no, contract.name)
+        ep = st.new_endpoint(
             w,
             handle=op.handle,
             conversation_id=conversation_id,
@@ -161,7 +162,27 @@ class Conversations(Part):
             rerunnable=op.if_absent,
             encryption=op.encryption,
         )
+        if relayed is not None:
+            w.touch(relayed).onward, ep.onward = ep.no, relayed.no
         return op.handle
+
+    def _relayed(self, op: Begin, group_no: int, contract: str) -> Endpoint:
+        """The dialog a Begin `relays` (see `Begin`): the target side of a dialog in the group
+        the new one joins, on the same contract, relaying no other. (It may have ended: nothing
+        then passes across.)"""
+        ep = self._endpoint(op.relays)
+        why = None
+        if ep.is_initiator:
+            why = "is the initiator side of its dialog; only a dialog this broker received"
+        elif ep.group_no != group_no:
+            why = "is in another conversation group; begin with related_conversation naming it"
+        elif ep.contract != contract:
+            why = f"is on contract {ep.contract!r}, not {contract!r}"
+        elif ep.onward is not None:
+            why = "already relays another dialog"
+        if why is not None:
+            raise InvalidArgument(f"BEGIN DIALOG {op.handle} relays {op.relays}, which {why}")
+        return ep
 
     @staticmethod
     def _begun(

@@ -15,7 +15,7 @@ from actors.core.readcache import ROW_OVERHEAD
 from actors.core.work import Part
 from actors.errors import ContractViolation
 from actors.ids import new_uuid
-from actors.model.catalog import ECHO, ECHO_CONTRACT, ERROR, Service
+from actors.model.catalog import ECHO, ECHO_CONTRACT, ERROR, SYSTEM_TYPES, Service
 from actors.model.dialogs import (
     CONTRACT_NOT_ACCEPTED,
     CONVERSATION_CLEANED_UP,
@@ -26,6 +26,7 @@ from actors.model.dialogs import (
     on_arrival,
 )
 from actors.model.routing import Hop, Match, next_hops
+from actors.store import audit
 
 
 class Delivery(Part):
@@ -233,7 +234,47 @@ class Delivery(Part):
             # The broker answers Echo dialogs itself, so it also ends them itself.
             self.close(w, far)
             return
+        if far.onward is not None and self.pass_through(w, far, mt, bodies, first_seq, sent_at):
+            return
         self.enqueue(w, far, mt, bodies, first_seq, sent_at)
+
+    def pass_through(
+        self,
+        w: Changes,
+        ep: Endpoint,
+        mt: str,
+        bodies: Sequence[bytes],
+        first_seq: int,
+        sent_at: float | None,
+    ) -> bool:
+        """Send data messages arriving on a relaying endpoint straight on the dialog it relays
+        (`Begin.relays`), as the group's handler would send them, when that would change
+        nothing: nothing of the group waits or is held by a reader (so no message of either
+        dialog could be sent before these), both dialogs are open, and the queue is enabled and
+        keeps nothing. Recorded in the audit as received and committed here. False: they take
+        the queue."""
+        st = self.state
+        g = ep.group_no
+        if mt in SYSTEM_TYPES or ep.state is not State.CONVERSING or st.locks.is_locked(g):
+            return False
+        onward = st.endpoints.get(ep.onward)
+        if onward is None or not onward.open or onward.group_no != g:
+            return False
+        queue = st.catalog.queue(st.groups[g].queue)
+        if (
+            not queue.enabled
+            or queue.retention
+            or st.queue_index(queue.name).pending.get(g)
+            or any(a.group == g for a in w.arrivals)  # queued earlier in this unit
+        ):
+            return False
+        n, now = len(bodies), w.now
+        sent = now if sent_at is None else sent_at
+        w.audit.append(audit.encode_run(st.broker_id, queue.name, now, ep, mt, first_seq, n, sent))
+        self.transmit(w, onward, mt, bodies)
+        w.sent += n
+        w.passed += n
+        return True
 
     def enqueue(
         self,

@@ -219,18 +219,7 @@ class Receiving(Part):
         """One committed group's delivery records, as columns (cheap to build and to store)."""
         st = self.state
         rows = lk.audit[0] if len(lk.audit) == 1 else [r for chunk in lk.audit for r in chunk]
-        senders = {}
-        for no in _endpoint_nos(rows):
-            ep = st.endpoints[no]
-            local = ep.far_broker in (None, st.broker_id)
-            senders[no] = (
-                ep.conversation_id,
-                not ep.is_initiator,  # sent by the initiator?
-                ep.far_service,
-                ep.service,
-                ep.far_broker or st.broker_id,
-                0 if local else None,
-            )
+        senders = {no: audit.sender(st.endpoints[no], st.broker_id) for no in _endpoint_nos(rows)}
         return audit.encode_group(st.broker_id, lk.queue, lk.received_at, now, senders, rows)
 
     def _release(self, locks: Sequence[Lock], committed: bool) -> None:

@@ -44,7 +44,7 @@ class Due(NamedTuple):
 
 def _endpoint(row: EndpointRow) -> Endpoint:
     ep = Endpoint(*row[:3], bool(row[3]), *row[4:8], State(row[8]), *row[9:16], bool(row[16]))
-    ep.rerunnable = bool(row[18])
+    ep.onward, ep.rerunnable = row[17], bool(row[19])
     return ep
 
 
@@ -165,8 +165,8 @@ class BrokerState:
         if row is None:
             return None
         ep = _endpoint(row)
-        if row[17] is not None:  # a secured dialog's session key: it opens with the master key
-            self.keyring.load([(ep.no, row[17])], {ep.no: ep.conversation_id})
+        if row[18] is not None:  # a secured dialog's session key: it opens with the master key
+            self.keyring.load([(ep.no, row[18])], {ep.no: ep.conversation_id})
         return ep
 
     def every_endpoint(self) -> Iterator[tuple[Endpoint, bool]]:
@@ -176,7 +176,7 @@ class BrokerState:
         for row in self.store.all_endpoints():
             last = row[0]
             ep = self.endpoints.peek(last)
-            yield (_endpoint(row), row[17] is not None) if ep is None else (ep, last in sessions)
+            yield (_endpoint(row), row[18] is not None) if ep is None else (ep, last in sessions)
         # begun in the unit of work open now, not written yet: numbered after every stored one
         for ep in sorted((e for e in self.endpoints.cached() if e.no > last), key=_number):
             yield ep, ep.no in sessions

@@ -358,6 +358,7 @@ class UnitOfWork:
             if ep is not None and ep.due_times() != w.touched[no].due_times():
                 st.schedule(ep)
         st.counts.sent += w.sent
+        st.counts.passed_through += w.passed
         for fn in w.after:
             fn()
         for e in w.events:

@@ -5,7 +5,9 @@ begins share one group, so one lock serializes both directions):
 1. the first message of an inbound dialog is classified into a target service;
 2. the router begins an outbound dialog to it in the same group,
 3. records inbound <-> outbound in the group's state (committed with the receive),
-4. and forwards the message; later messages go through without classifying, replies back;
+4. and forwards the message; later messages go through without classifying, replies back
+   (the outbound dialog `relays` the inbound one: while the group has nothing waiting, the
+   broker sends them on at arrival, as this handler would, without the queue);
 5. an EndDialog on either side ends the other and this one; an Error is wrapped (code and
    description kept) and passed on, and both dialogs end; the mapping then goes.
 Redirect mode answers the initiator with a `Redirect` message naming the service, and ends.
@@ -243,7 +245,12 @@ def _open(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Mes
         pair["in_ended"] = True
         return
     out = ctx.begin(
-        cfg.service, target, m.contract, related_group=group.group_id, encryption=cfg.encryption
+        cfg.service,
+        target,
+        m.contract,
+        related_group=group.group_id,
+        encryption=cfg.encryption,
+        relays=h,  # later messages of either dialog pass straight across while the group idles
     )
     pair.update(out=out, out_ended=False)
     ctx.send(out, m.message_type, m.body)

@@ -1,5 +1,6 @@
 """A router replica's view: its live mappings (inbound, outbound, target service, since) and
-its counts of dialogs routed, messages forwarded and errors."""
+its counts of dialogs routed, messages forwarded by its handler, messages passed through at
+arrival (`Begin.relays`) and errors."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 from actors.ddr.router import stats
 
 
-def router(service: str, groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """`groups`: the router queue's conversation groups (the `groups` view)."""
+def router(
+    service: str, groups: Iterable[Mapping[str, Any]], passed_through: int = 0
+) -> dict[str, Any]:
+    """`groups`: the router queue's conversation groups (the `groups` view); `passed_through`:
+    the broker's count of messages sent on at arrival, for all its relayed dialogs."""
     mappings = []
     for g in groups:
         for pair in json.loads(g["state"]).values() if g["state"] else ():
@@ -24,4 +28,9 @@ def router(service: str, groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                         "since": pair["since"],
                     }
                 )
-    return {"service": service, "mappings": mappings, **stats(service)}
+    return {
+        "service": service,
+        "mappings": mappings,
+        **stats(service),
+        "passed_through": passed_through,
+    }

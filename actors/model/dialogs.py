@@ -37,7 +37,15 @@ SENDABLE = frozenset({State.STARTED_OUTBOUND, State.CONVERSING})
 # `Store.update_endpoints`), as a tuple made in C: compared for every endpoint a commit touches.
 # The state as itself (a str): its `.value` costs an enum descriptor call.
 endpoint_settings = attrgetter(
-    "group_no", "state", "expires_at", "timer_at", "far_broker", "closed_at", "user_sent", "no"
+    "group_no",
+    "state",
+    "expires_at",
+    "timer_at",
+    "far_broker",
+    "closed_at",
+    "user_sent",
+    "onward",
+    "no",
 )
 
 
@@ -69,6 +77,9 @@ class Endpoint:
     # begun with `if_absent`: remembered after it goes, so a re-run of that Begin and its
     # Send ... AT find it ended rather than begin it again (kept in the store's `rerunnable`)
     rerunnable: bool = False
+    # the endpoint this one relays (`Begin.relays`): a data message arriving here while its
+    # group is idle is sent on that one at arrival (`Delivery.pass_through`)
+    onward: int | None = None
 
     @property
     def open(self) -> bool:
@@ -106,6 +117,7 @@ class Endpoint:
             self.closed_at,
             self.user_sent,
             int(self.encryption),
+            self.onward,
         )
 
 

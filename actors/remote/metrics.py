@@ -14,6 +14,7 @@ _COUNTS = {
     "committed": "messages received and committed",
     "rolled_back": "messages received and rolled back",
     "forwarded": "messages relayed to another broker",
+    "passed_through": "messages sent on a relayed dialog at arrival, without a reader",
 }
 CALL_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000]
 DEPTH, READERS = "raybroker_queue_depth", "raybroker_queue_readers"

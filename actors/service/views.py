@@ -61,4 +61,4 @@ class ViewVerbs:
     def _router_view(self, queue: str, service: str) -> dict[str, Any]:
         from actors.ddr.views import router  # only router replicas use it
 
-        return router(service, self.core.groups_view(queue))
+        return router(service, self.core.groups_view(queue), self.core.state.counts.passed_through)

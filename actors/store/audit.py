@@ -40,6 +40,19 @@ FIELDS = (
 Sender = tuple[str, bool, str, str, "str | None", int]
 
 
+def sender(ep: Any, broker_id: str) -> Sender:
+    """What the audit keeps once per group of the endpoint `ep` (an `Endpoint`) that received."""
+    local = ep.far_broker in (None, broker_id)
+    return (
+        ep.conversation_id,
+        not ep.is_initiator,  # sent by the initiator?
+        ep.far_service,
+        ep.service,
+        ep.far_broker or broker_id,
+        0 if local else None,
+    )
+
+
 def message_id(conversation_id: str, from_initiator: bool, seq: int) -> str:
     return f"{conversation_id}/{'i' if from_initiator else 't'}/{seq}"
 
@@ -66,6 +79,32 @@ def encode_group(
         types,
         sent,
         arrived,
+    ]
+
+
+def encode_run(
+    broker_id: str,
+    queue: str,
+    at: float,
+    ep: Any,
+    message_type: str,
+    first_seq: int,
+    count: int,
+    sent_at: float,
+) -> list[Any]:
+    """A run of one endpoint's messages received and committed at `at` with no reader between
+    (passed straight on, `Begin.relays`), as `encode_group` columns."""
+    return [
+        broker_id,
+        queue,
+        at,
+        at,
+        {ep.no: sender(ep, broker_id)},
+        (ep.no,) * count,
+        tuple(range(first_seq, first_seq + count)),
+        (message_type,) * count,
+        (sent_at,) * count,
+        (at,) * count,
     ]
 
 

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS endpoints (
     is_initiator INTEGER NOT NULL, service TEXT NOT NULL, far_service TEXT NOT NULL,
     contract TEXT NOT NULL, group_no INTEGER NOT NULL, state TEXT NOT NULL,
     send_seq INTEGER NOT NULL, recv_seq INTEGER NOT NULL, expires_at REAL, timer_at REAL,
-    far_broker TEXT, closed_at REAL, user_sent INTEGER, encryption INTEGER NOT NULL DEFAULT 0);
+    far_broker TEXT, closed_at REAL, user_sent INTEGER, encryption INTEGER NOT NULL DEFAULT 0,
+    onward INTEGER);
 CREATE INDEX IF NOT EXISTS endpoints_conversation ON endpoints (conversation_id, is_initiator);
 CREATE TABLE IF NOT EXISTS dialog_keys (endpoint_no INTEGER PRIMARY KEY, sealed BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS endpoint_seqs (
@@ -241,7 +242,8 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
         rows an earlier raybroker wrote since) get theirs from the endpoints table when the
         store opens; those that have one keep it. An endpoints table written before `user_sent`
         existed gets the column (empty: such endpoints' users sent all their messages); one
-        written before dialog security gets `encryption` (off: such dialogs go in the clear)."""
+        written before dialog security gets `encryption` (off: such dialogs go in the clear);
+        one written before relayed dialogs gets `onward` (empty: nothing relays)."""
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(endpoints)")}
         if "user_sent" not in columns:
             self.db.execute("ALTER TABLE endpoints ADD COLUMN user_sent INTEGER")
@@ -249,6 +251,8 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
             self.db.execute(
                 "ALTER TABLE endpoints ADD COLUMN encryption INTEGER NOT NULL DEFAULT 0"
             )
+        if "onward" not in columns:
+            self.db.execute("ALTER TABLE endpoints ADD COLUMN onward INTEGER")
         # endpoints are numbered upwards, so rows written without theirs include the highest:
         # two lookups by key, not a pass over millions of endpoints, on every open
         behind = self.db.execute(
@@ -291,10 +295,10 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
     def update_endpoints(self, rows: Iterable[Sequence[Any]]) -> None:
         """Stored endpoints' columns that change after BEGIN DIALOG (no index), but their
         sequence numbers: (group_no, state, expires_at, timer_at, far_broker, closed_at,
-        user_sent, no)."""
+        user_sent, onward, no)."""
         self.db.executemany(
             "UPDATE endpoints SET group_no=?, state=?, expires_at=?, timer_at=?, far_broker=?, "
-            "closed_at=?, user_sent=? WHERE no=?",
+            "closed_at=?, user_sent=?, onward=? WHERE no=?",
             rows,
         )
 

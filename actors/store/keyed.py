@@ -13,7 +13,8 @@ from actors.store.seq_journal import SeqJournal
 
 ENDPOINT_COLUMNS = (
     "no, handle, conversation_id, is_initiator, service, far_service, contract, group_no, state, "
-    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent, encryption"
+    "send_seq, recv_seq, expires_at, timer_at, far_broker, closed_at, user_sent, encryption, "
+    "onward"
 )
 # each endpoint's live sequence numbers are in `endpoint_seqs` (see `Store`'s endpoints section),
 # or newer ones in the journal (`_live`)

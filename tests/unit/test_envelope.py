@@ -63,6 +63,7 @@ def test_begin_defaults_to_the_default_contract_and_a_fresh_uuid_handle():
     [
         Begin("From", "To"),
         Begin("From", "To", "C", "h-1", "0b7e4f0e-2a55-4d39-9f0e-6a8f8c1d2e3f", "c-9", "g-9", 60.0),
+        Begin("From", "To", relays="h-0"),
         Send("h-1", "M", b"body"),
         Send(["h-1", "h-2"], "M", [b"", b"\x00\xff", b"x" * 100_000]),
         End("h-1"),

@@ -54,6 +54,7 @@ def test_the_sink_sees_counts_depths_and_call_times():
             "committed": 10,
             "rolled_back": 4,
             "forwarded": 0,
+            "passed_through": 0,
         }
         assert snap["queues"]["Q"]["depth"] == 0 and snap["transmission"] == 0
     methods = [m for m, _ in sink.calls]

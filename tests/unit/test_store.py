@@ -56,7 +56,7 @@ def _all_messages(s: Store) -> list[tuple]:
 
 def _endpoints(s: Store) -> list[tuple]:
     """Every endpoint's columns as the store keeps them (without its key and rerun trace)."""
-    return [row[:17] for row in s.all_endpoints()]
+    return [row[:18] for row in s.all_endpoints()]
 
 
 def _groups(s: Store) -> list[tuple]:
@@ -86,6 +86,7 @@ def _endpoint_row(no: int, state: str = "CONVERSING") -> tuple:
         None,
         None,
         0,  # encryption
+        None,  # onward
     )
 
 
@@ -275,9 +276,9 @@ def test_upserting_an_endpoint_replaces_its_row(store):
 def test_an_endpoints_sequence_numbers_and_other_columns_are_updated_apart(store):
     store.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
     store.update_endpoint_seqs([(7, 9, 1)])  # (send_seq, recv_seq, no)
-    store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 5, 2)])
+    store.update_endpoints([(4, "CLOSED", None, 20.0, "b-far", 30.0, 5, 1, 2)])
     want_1 = (*_endpoint_row(1)[:9], 7, 9, *_endpoint_row(1)[11:])
-    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0, 5, 0)
+    want_2 = (*_endpoint_row(2)[:7], 4, "CLOSED", 2, 3, None, 20.0, "b-far", 30.0, 5, 0, 1)
     assert sorted(_endpoints(store)) == [want_1, want_2]
 
 
@@ -323,10 +324,24 @@ def test_a_store_written_before_user_sent_gets_the_column_and_keeps_its_endpoint
     s.close()
     s = Store(path)
     assert _endpoints(s) == [_endpoint_row(1)]
-    s.update_endpoints([(1, "DISCONNECTED_OUTBOUND", None, None, None, None, 2, 1)])
+    s.update_endpoints([(1, "DISCONNECTED_OUTBOUND", None, None, None, None, 2, None, 1)])
     s.close()
     s = Store(path)
-    assert _endpoints(s)[0][-2] == 2  # user_sent (the last column but encryption)
+    assert _endpoints(s)[0][-3] == 2  # user_sent (before encryption and onward)
+    s.close()
+
+
+def test_a_store_written_before_relayed_dialogs_gets_the_column_and_nothing_relays(path):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(1), _endpoint_row(2)])
+    s.db.execute("ALTER TABLE endpoints DROP COLUMN onward")  # as the previous release has it
+    s.close()
+    s = Store(path)
+    assert _endpoints(s) == [_endpoint_row(1), _endpoint_row(2)]  # onward empty
+    s.update_endpoints([(1, "CONVERSING", None, None, None, None, None, 2, 1)])
+    s.close()
+    s = Store(path)
+    assert [row[-1] for row in _endpoints(s)] == [2, None]  # kept across a reopen
     s.close()
 
 
