@@ -144,8 +144,19 @@ def test_hundreds_of_orders_reach_their_regions_and_every_reply_returns_in_order
 
     for shop, regions in zip(initiators, orders, strict=True):
         check_replies(regions, collect(shop, 200, {}), lines=2)
-    per_replica = {n: v["routed"] for n, v in rs.view().items()}
+    views = rs.view()
+    per_replica = {n: v["routed"] for n, v in views.items()}
     assert sum(per_replica.values()) == 300
+    # replies to a known pair pass straight across at arrival (Begin.relays), and every message
+    # a replica took, through its queue or straight across, is in its audit once
+    assert sum(v["passed_through"] for v in views.values()) > 0
+    ids = [
+        r["message_id"]
+        for b in rs.replicas.values()
+        for r in b.audit(limit=100_000)["records"]
+        if r["queue"] == ROUTER_QUEUE
+    ]
+    assert len(ids) == len(set(ids)) == 300 * 2 * 2  # each order's 2 lines and 2 replies
     # round-robin per new dialog on each shop: each shop's 100 dialogs split 34/33/33
     assert max(per_replica.values()) - min(per_replica.values()) <= len(initiators), per_replica
     for r in REGIONS:  # each region's service saw only its orders
