@@ -302,7 +302,8 @@ def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
     with pytest.raises(StoreError, match="witness_path"):
         start_mirrored_broker("wit", a, b, force=True, witness_path=nowhere)
     record = str(tmp_path / "w.json")
-    start_mirrored_broker("wit", a, b, force=True, witness_path=record)
+    # kept: a broker that is not detached lives while its starter's handle does
+    running = start_mirrored_broker("wit", a, b, force=True, witness_path=record)
     try:
         with pytest.raises(InvalidArgument, match="already runs with store"):
             start_mirrored_broker(
@@ -311,6 +312,7 @@ def test_a_witness_record_that_cannot_be_written_or_other_partners_are_refused(
             )  # fmt: skip
     finally:
         stop_mirrored_broker("wit")
+        del running
     wait_until(lambda: _gone("wit.witness"), 30, "the witness's name to be free")
     c = Partner("wit-c", str(tmp_path / "wit-c.sqlite"))
     with pytest.raises(MirrorMismatch, match="has partners 'wit-a' and 'wit-b'"):
