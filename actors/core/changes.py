@@ -58,7 +58,7 @@ class Changes:
     __slots__ = (
         "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
         "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
-        "after", "sent", "passed",
+        "after", "sent", "passed", "_queued", "_queued_n",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -81,6 +81,8 @@ class Changes:
         self.after: list[Callable[[], None]] = []
         self.sent = 0  # messages sent (for the broker's counts)
         self.passed = 0  # of those, passed through at arrival (`Delivery.pass_through`)
+        self._queued: set[int] = set()  # groups of the first `_queued_n` arrivals (`queued_groups`)
+        self._queued_n = 0
 
     def touch(self, ep: Endpoint) -> Endpoint:
         """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
@@ -104,6 +106,16 @@ class Changes:
                 arrivals.append(a._replace(at=len(runs)))
                 runs.append(self.messages[a.at])
         self.messages, self.arrivals = runs, arrivals
+        self._queued, self._queued_n = set(), 0
+
+    def queued_groups(self) -> set[int]:
+        """The conversation groups this unit has queued messages for so far (kept up as
+        arrivals are added, so asking after each of a call's thousand bundles stays cheap)."""
+        n = len(self.arrivals)
+        if n != self._queued_n:
+            self._queued.update(a.group for a in self.arrivals[self._queued_n :])
+            self._queued_n = n
+        return self._queued
 
     def event(self, kind: str, subject: str, detail: str) -> None:
         """An operator event, written in this transaction and surfaced after it commits."""

@@ -265,7 +265,7 @@ class Delivery(Part):
             not queue.enabled
             or queue.retention
             or st.queue_index(queue.name).pending.get(g)
-            or any(a.group == g for a in w.arrivals)  # queued earlier in this unit
+            or g in w.queued_groups()  # queued earlier in this unit
         ):
             return False
         n, now = len(bodies), w.now

@@ -122,6 +122,21 @@ def test_while_the_group_is_held_or_has_messages_waiting_arrivals_queue_and_orde
     assert broker.router("RelayQ", "Relay")["passed_through"] == 1
 
 
+def test_an_arrival_queued_earlier_in_the_same_transaction_keeps_the_next_in_the_queue(broker):
+    _, _, outbound = _open(broker)
+    g = broker.groups("RelayQ")[0]["conversation_group_id"]
+    other = Begin("Relay", "Back", "Sales", related_group=g)  # in the group, relaying nothing
+    broker.apply([other, Send(other.handle, "Order", [b"z0"])])
+    targets = {}
+    for grp in broker.receive("BackQ", max_groups=10):
+        targets.update({m.body: m.conversation_handle for m in grp.messages})
+        broker.commit(grp)
+    # one transaction: a reply on the other dialog is queued, then one on the relayed dialog
+    broker.apply([Send(targets[b"z0"], "Reply", [b"z"]), Send(targets[b"o0"], "Reply", [b"r"])])
+    assert _depth(broker, "RelayQ") == 2  # both wait: the second may not pass the first
+    assert broker.router("RelayQ", "Relay")["passed_through"] == 0
+
+
 def test_an_end_takes_the_queue_and_nothing_passes_after_the_relay_ends(broker):
     front, inbound, outbound = _open(broker)
     broker.apply([End(front)])
