@@ -78,8 +78,9 @@ def test_a_dialog_round_trip_commits_once_and_the_audit_records_it(broker):
 # In a fresh interpreter: in a test process that runs a Spark session or Ray (other tests share
 # the worker), SIGINT is not always Python's alone, and one lost there left the receive waiting.
 _INTERRUPTED_RECEIVE = """
-import os, signal, sys, threading, time
+import os, signal, sys, threading
 from actors import Contract, LocalBroker, MessageType, Queue, Service
+from tests.polling import wait_until
 
 with LocalBroker("ctrl-c", sys.argv[1]) as broker:
     broker.create(MessageType("M"))
@@ -89,9 +90,7 @@ with LocalBroker("ctrl-c", sys.argv[1]) as broker:
     h = broker.begin_dialog("S", "S", "C")
 
     def ctrl_c():
-        deadline = time.monotonic() + 30
-        while "Q" not in broker.service._waiters and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling for the receive to wait at the broker
+        wait_until(lambda: "Q" in broker.service._waiters, what="the receive to wait")
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=ctrl_c, daemon=True).start()
@@ -113,6 +112,7 @@ def test_a_receive_interrupted_with_ctrl_c_stops_waiting_at_the_broker(tmp_path)
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     assert done.stdout.split() == ["interrupted", "after"], done.stderr
 
