@@ -87,6 +87,10 @@ _INTERRUPTED = """
 import asyncio, os, signal, sys, threading, time
 from actors.client.calloop import CallLoop
 
+# Python's own Ctrl-C handling, whatever this process inherited (a shell's background job
+# starts with SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 async def echo(value):
     await asyncio.sleep(0)
     return value, threading.current_thread()

@@ -82,6 +82,10 @@ import os, signal, sys, threading
 from actors import Contract, LocalBroker, MessageType, Queue, Service
 from tests.polling import wait_until
 
+# Python's own Ctrl-C handling, whatever this process inherited (a shell's background job
+# starts with SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 with LocalBroker("ctrl-c", sys.argv[1]) as broker:
     broker.create(MessageType("M"))
     broker.create(Contract("C", {"M": "any"}))
