@@ -6,6 +6,8 @@ workload. Prints CPU microseconds per message.
   100 receive-and-commits of one-message groups.
 - `paced`: rounds of one call of 100 sends (one message on each of 100 conversations), then
   receives of up to 32 groups by 4 consumers, each committing what it took in its last call.
+- `new-dialogs` (the demo's shape): rounds of one call beginning 100 dialogs with 3 messages on
+  each, then receives as in bulk.
 - `bulk-one-conversation` and `bulk-spread`: rounds of one call sending 1,000 messages, on one
   conversation (the next one each round) or 10 on each of the 100, then receives of up to 16
   groups, each committing what the one before took, until all 1,000 are committed.
@@ -127,14 +129,41 @@ def bulk(client: Client, handles: list[str], spread: bool) -> Round:
     return one_round
 
 
+def new_dialogs(client: Client, handles: list[str], lines: int = 3) -> Round:
+    """The demo's shape, one dialog per order: a call begins 100 dialogs and sends `lines`
+    messages on each, then receives commit them as in bulk."""
+    options = _options(16, None)
+
+    async def one_round() -> None:
+        ops: list = []
+        for _ in handles:
+            begin = Begin("Init", "T")
+            ops += [begin, Send(begin.handle, "DEFAULT", [bytes(100)] * lines)]
+        await client.calls([("apply", (pack_ops(ops), None))])
+        held: list[str] = []
+        got = 0
+        while True:
+            receive = ("receive", ("T", 0.0, options, OWNER, _settle(held), None))
+            [(_, value)] = await client.calls([receive])
+            groups = unpack_received(value)
+            held = [g.lock_id for g in groups]
+            got += sum(len(g.rows) for g in groups)
+            if not groups and got >= lines * len(handles):
+                return
+
+    return one_round
+
+
 BULK_PER = 10  # bulk: messages per conversation per round (spread), 1,000 a round in all
 SHAPES: dict[str, Callable[[Client, list[str]], Round]] = {
     "many-clients": many_clients,
     "paced": paced,
     "bulk-one-conversation": lambda client, handles: bulk(client, handles, spread=False),
     "bulk-spread": lambda client, handles: bulk(client, handles, spread=True),
+    "new-dialogs": new_dialogs,
 }
 PER_ROUND = dict.fromkeys(("bulk-one-conversation", "bulk-spread"), BULK_PER * CONVERSATIONS)
+PER_ROUND["new-dialogs"] = 3 * CONVERSATIONS
 
 
 async def measure(rounds: int, shape: str = "many-clients") -> float:
