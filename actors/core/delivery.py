@@ -25,7 +25,8 @@ from actors.model.dialogs import (
     error_body,
     on_arrival,
 )
-from actors.model.routing import Hop, Match, next_hops
+from actors.model.hops import Hop, next_hops
+from actors.model.routing import Match
 from actors.store import audit
 
 

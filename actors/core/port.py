@@ -12,8 +12,9 @@ from actors.core.work import Part, UnitOfWork
 from actors.counters import Counts
 from actors.model.catalog import Catalog
 from actors.model.dialogs import Endpoint, State
+from actors.model.hops import Hop, next_hops
 from actors.model.limits import Limits
-from actors.model.routing import Hop, Match, next_hops
+from actors.model.routing import Match
 from actors.security.sessions import Session
 
 T = TypeVar("T")

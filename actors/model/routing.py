@@ -23,6 +23,7 @@ TRANSPORT = "TRANSPORT"
 RAY_SCHEME = "ray://"
 AUTO_LOCAL = "AutoCreatedLocal"
 IMPLICIT_LOCAL = "ImplicitLocal"  # name of the route step 6 stands in for; never in a table
+MEMO_MAX = 4096  # next_hops answers a route table remembers (services x brokers asked for)
 
 STEPS = {
     1: "service and broker instance",
@@ -229,6 +230,22 @@ class RouteTable:
             if r.name in self._routes:
                 raise AlreadyExists("route", r.name)
             self._routes[r.name] = r
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop what `next_hops` remembered: the routes changed."""
+        self._memo: dict[tuple, tuple] = {}
+        self._memo_until = -math.inf
+
+    def memo(self, now: float) -> dict[tuple, tuple]:
+        """`next_hops`'s results that hold for any conversation, valid while no route of the
+        table changes and none expires (emptied at the next expiry, so every time it is asked
+        `now` sees the routes live then)."""
+        if now >= self._memo_until or len(self._memo) > MEMO_MAX:
+            self._memo = {}
+            later = [r.expires_at for r in self._routes.values() if r.live(now) and r.expires_at]
+            self._memo_until = min(later, default=math.inf)
+        return self._memo
 
     def __iter__(self) -> Iterator[Route]:
         return iter(self._routes.values())
@@ -259,6 +276,7 @@ class RouteTable:
             raise AlreadyExists("route", route.name)
         self._check_live(route, now)
         self._routes[route.name] = route
+        self._forget()
         return self._warnings(route, now)
 
     def alter(self, name: str, now: float, /, **changes: Any) -> list[str]:
@@ -274,10 +292,12 @@ class RouteTable:
         new = replace(old, **changes)
         self._check_live(new, now)
         self._routes[name] = new
+        self._forget()
         return self._warnings(new, now)
 
     def drop(self, name: str) -> Route:
         self.get(name)
+        self._forget()
         return self._routes.pop(name)
 
 
@@ -343,7 +363,7 @@ def match(
         return found(1, rs)
     if rs := [r for r in named if r.broker_instance is None]:
         return found(2, rs)
-    if bi is None and (ids := _step_3_ids(named)):
+    if bi is None and (ids := step_3_ids(named)):
         # a dialog not pinned at BEGIN (begun before round-robin, or its routes changed since):
         # hash over DISTINCT ids, so extra routes (paths) to one broker do not weigh its share
         pick = ids[load_balance_key(conversation_id) % len(ids)]
@@ -367,7 +387,7 @@ def match(
     return Match(7, service_name, conversation_id, reason=_delay_reason(expired, service_name, bi))
 
 
-def _step_3_ids(named: Iterable[Route]) -> list[str]:
+def step_3_ids(named: Iterable[Route]) -> list[str]:
     """The broker ids step 3 picks among: those of live routes for the service that give one and
     are not draining, distinct and sorted."""
     return sorted({r.broker_instance for r in named if r.broker_instance and not r.draining})
@@ -387,7 +407,7 @@ def balance(routes: Iterable[Route], service_name: str, now: float, turn: int) -
         return None
     if len({r.broker_instance for r in named}) < 2:
         return None
-    ids = _step_3_ids(named)
+    ids = step_3_ids(named)
     return ids[turn % len(ids)] if ids else None
 
 
@@ -399,76 +419,3 @@ def _delay_reason(expired: list[Route], service_name: str, bi: str | None) -> st
         f"no live route matches {target}{hint}. Create a route for {service_name!r} (or a "
         "wildcard route such as AutoCreatedLocal); the conversation is retried later"
     )
-
-
-# --- choosing ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One candidate next hop: `address` ("LOCAL" or "ray://<broker>"), its `broker` (None for
-    LOCAL), `rank` ("mirror", "local", "ray", "transport") and the route that offered it."""
-
-    address: str
-    broker: str | None
-    rank: str
-    route: str
-
-
-def _rotate(items: list, conversation_id: str) -> list:
-    if not items:
-        return items
-    # salted so the rotation is independent of step 3's broker pick, which used the plain key
-    k = load_balance_key(conversation_id, salt="hops:") % len(items)
-    return items[k:] + items[:k]
-
-
-def choose(match: Match, *, service_is_local: bool) -> list[Hop]:
-    """The match's next hops, best first: mirror pairs, LOCAL (only if the service is here),
-    ray:// addresses (order spread by conversation id), then TRANSPORT. Empty: nothing usable."""
-    cid = match.conversation_id
-    pairs: dict[tuple[str, str], str] = {}  # (address, mirror) -> first route (by name)
-    for r in match.routes:
-        if r.mirror_address:
-            pairs.setdefault((r.address, r.mirror_address), r.name)
-    ranked: list[tuple[str, str, str]] = []  # (address, rank, route)
-    for (addr, mirror), name in _rotate(sorted(pairs.items()), cid):
-        ranked += [(addr, "mirror", name), (mirror, "mirror", name)]
-    if service_is_local:
-        ranked += [(LOCAL, "local", r.name) for r in match.routes if r.address == LOCAL]
-    plain: dict[str, str] = {}  # address -> first route (by name) offering it
-    for r in match.routes:
-        if r.address.startswith(RAY_SCHEME) and not r.mirror_address:
-            plain.setdefault(r.address, r.name)
-    ranked += [(a, "ray", n) for a, n in _rotate(sorted(plain.items()), cid)]
-    via = transport_address(match.service_name)
-    if via is not None:
-        ranked += [(via, "transport", r.name) for r in match.routes if r.address == TRANSPORT]
-    hops: list[Hop] = []
-    seen: set[str] = set()
-    for addr, rank, name in ranked:
-        if addr not in seen:
-            seen.add(addr)
-            broker = addr[len(RAY_SCHEME) :] if addr.startswith(RAY_SCHEME) else None
-            hops.append(Hop(addr, broker, rank, name))
-    return hops
-
-
-def next_hops(
-    table: Iterable[Route],
-    service_name: str,
-    broker_instance: str | None,
-    conversation_id: str,
-    now: float,
-    *,
-    local_broker_id: str,
-    local_name: str,
-    service_is_local: bool,
-) -> tuple[Match, list[Hop]]:
-    """Match and choose in one step, for either route table: the match and its usable next hops,
-    best first. A route that leads back to this broker by name is not a hop (LOCAL is)."""
-    m = match(
-        table, service_name, broker_instance, conversation_id, now, local_broker_id=local_broker_id
-    )
-    hops = [] if m.delayed else choose(m, service_is_local=service_is_local)
-    return m, [h for h in hops if h.rank == "local" or (h.broker and h.broker != local_name)]

@@ -16,6 +16,7 @@ package's. Plain Python."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -265,9 +266,11 @@ class Session:
 # --- session keys at rest ------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4)
 def _key_wrapper(master: bytes) -> ChaCha20Poly1305:
     """The AEAD that keeps session keys in the store, keyed by the master key (through HKDF:
-    the master key itself seals private keys, this one only session keys)."""
+    the master key itself seals private keys, this one only session keys). Made once per
+    master key: every secured dialog's key is wrapped when it begins."""
     hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"raybroker session keys")
     return ChaCha20Poly1305(hkdf.derive(master))
 

@@ -9,7 +9,7 @@ import logging
 
 from actors.errors import NotPrincipal, PeerUnreachable, SecurityError
 from actors.mirroring.choice import Claim, MirrorRoutes, pairs
-from actors.model.routing import Hop
+from actors.model.hops import Hop
 from actors.transport.inbound import Arrival, Drops, Receiver
 from actors.transport.outbound import Dispatcher, Outbound
 from actors.transport.port import Peers, Work

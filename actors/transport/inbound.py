@@ -12,7 +12,7 @@ from typing import Any
 from actors.errors import BrokerError, SecurityError
 from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
 from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
-from actors.model.routing import Hop
+from actors.model.hops import Hop
 from actors.transport.port import BrokerPort, Work
 from actors.transport.wire import (
     CONVERSATION_NOT_FOUND,

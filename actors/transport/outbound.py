@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from actors.model.dialogs import Endpoint
-from actors.model.routing import Hop
+from actors.model.hops import Hop
 from actors.store.database import Store
 from actors.store.transmission import Waiting
 from actors.transport.port import BrokerPort, Work

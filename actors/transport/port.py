@@ -14,8 +14,9 @@ from typing import Any, Protocol, TypeVar
 from actors.counters import Counts
 from actors.model.catalog import Catalog
 from actors.model.dialogs import Endpoint
+from actors.model.hops import Hop
 from actors.model.limits import Limits
-from actors.model.routing import Hop, Match
+from actors.model.routing import Match
 from actors.security.sessions import Session
 
 T = TypeVar("T")

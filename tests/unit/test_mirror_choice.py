@@ -10,7 +10,7 @@ import pytest
 
 from actors.errors import NotPrincipal, PeerUnreachable
 from actors.mirroring.choice import Claim, MirrorRoutes, pairs
-from actors.model.routing import Hop
+from actors.model.hops import Hop
 
 
 class Partners:

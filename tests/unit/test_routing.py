@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.errors import AlreadyExists, InvalidArgument, NotFound, UnknownRoute
+from actors.model.hops import choose
 from actors.model.routing import (
     AUTO_LOCAL,
     Address,
@@ -24,7 +25,6 @@ from actors.model.routing import (
     Route,
     RouteTable,
     balance,
-    choose,
     load_balance_key,
     match,
     parse_address,
