@@ -72,10 +72,17 @@ def _no_constants(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
+_NOT_PLAIN = frozenset(b"\x00\xef\xfe\xff")  # a first byte of a BOM, or a zero
+
+
 def _loads(body: bytes) -> Any:
     """`json.loads(body, parse_constant=_no_constants)`, with the one decoder."""
     if isinstance(body, bytes | bytearray):
-        return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+        # json.detect_encoding's answer is UTF-8 unless a BOM or a zero byte leads: most bodies
+        # are told so without calling it
+        plain = body and body[0] not in _NOT_PLAIN and (len(body) < 2 or body[1])
+        encoding = "utf-8" if plain else json.detect_encoding(body)
+        return _DECODER.decode(body.decode(encoding, "surrogatepass"))
     return json.loads(body, parse_constant=_no_constants)  # what json makes of anything else
 
 

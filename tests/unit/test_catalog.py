@@ -491,6 +491,19 @@ def test_validation_json_accepts_well_formed_json(body):
     _check("json", body)
 
 
+@pytest.mark.parametrize(
+    "text", ['{"a": [1, "é"]}', "7", '"x"'], ids=["object", "number", "string"]
+)
+@pytest.mark.parametrize(
+    "encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"]
+)
+def test_validation_json_accepts_the_encodings_json_detects(text, encoding):
+    # most bodies are UTF-8 without a BOM and skip json.detect_encoding: the others must not
+    if encoding.endswith(("-le", "-be")) and len(text.encode(encoding)) < 2:
+        pytest.skip("too short to tell")
+    _check("json", text.encode(encoding))
+
+
 @pytest.mark.parametrize("body", [b"", b"{", b"{'a': 1}", b"\xff\xfe", b"[1] [2]"])
 def test_validation_json_refuses_anything_else(body):
     with pytest.raises(ValidationFailed, match="not well-formed JSON"):
