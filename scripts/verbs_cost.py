@@ -104,8 +104,23 @@ def paced(client: Client, handles: list[str], consumers: int = 4) -> Round:
     return one_round
 
 
-def bulk(client: Client, handles: list[str], spread: bool) -> Round:
+async def _receive_all(client: Client, messages: int) -> None:
+    """Receive from T, up to 16 groups a call, each call committing what the one before took,
+    until `messages` are taken and nothing more comes."""
     options = _options(16, None)
+    held: list[str] = []
+    got = 0
+    while True:
+        receive = ("receive", ("T", 0.0, options, OWNER, _settle(held), None))
+        [(_, value)] = await client.calls([receive])
+        groups = unpack_received(value)
+        held = [g.lock_id for g in groups]
+        got += sum(len(g.rows) for g in groups)
+        if not groups and got >= messages:
+            return
+
+
+def bulk(client: Client, handles: list[str], spread: bool) -> Round:
     turn = itertools.count()
 
     async def one_round() -> None:
@@ -115,16 +130,7 @@ def bulk(client: Client, handles: list[str], spread: bool) -> Round:
             h = handles[next(turn) % len(handles)]
             ops = [Send(h, "DEFAULT", [bytes(100)] * (BULK_PER * len(handles)))]
         await client.calls([("apply", (pack_ops(ops), None))])
-        held: list[str] = []
-        got = 0
-        while True:
-            receive = ("receive", ("T", 0.0, options, OWNER, _settle(held), None))
-            [(_, value)] = await client.calls([receive])
-            groups = unpack_received(value)
-            held = [g.lock_id for g in groups]
-            got += sum(len(g.rows) for g in groups)
-            if not groups and got >= BULK_PER * len(handles):
-                return
+        await _receive_all(client, BULK_PER * len(handles))
 
     return one_round
 
@@ -132,7 +138,6 @@ def bulk(client: Client, handles: list[str], spread: bool) -> Round:
 def new_dialogs(client: Client, handles: list[str], lines: int = 3) -> Round:
     """The demo's shape, one dialog per order: a call begins 100 dialogs and sends `lines`
     messages on each, then receives commit them as in bulk."""
-    options = _options(16, None)
 
     async def one_round() -> None:
         ops: list = []
@@ -140,16 +145,7 @@ def new_dialogs(client: Client, handles: list[str], lines: int = 3) -> Round:
             begin = Begin("Init", "T")
             ops += [begin, Send(begin.handle, "DEFAULT", [bytes(100)] * lines)]
         await client.calls([("apply", (pack_ops(ops), None))])
-        held: list[str] = []
-        got = 0
-        while True:
-            receive = ("receive", ("T", 0.0, options, OWNER, _settle(held), None))
-            [(_, value)] = await client.calls([receive])
-            groups = unpack_received(value)
-            held = [g.lock_id for g in groups]
-            got += sum(len(g.rows) for g in groups)
-            if not groups and got >= lines * len(handles):
-                return
+        await _receive_all(client, lines * len(handles))
 
     return one_round
 
