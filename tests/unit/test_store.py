@@ -115,6 +115,15 @@ def test_a_file_store_uses_write_ahead_logging(path):
     assert mode == "wal"
 
 
+def test_a_store_keeps_its_savepoints_sub_journal_in_memory(path):
+    # a group commit's units are savepoints; in a temporary file each changed page is a write
+    # call (a new dialog's inserts cost twice as much: docs/benchmarks.md)
+    s = Store(path)
+    temp_store = s.db.execute("PRAGMA temp_store").fetchone()[0]
+    s.close()
+    assert temp_store == 2  # MEMORY
+
+
 def test_a_store_that_cannot_be_opened_is_a_store_error(tmp_path):
     with pytest.raises(StoreError, match="cannot open: its directory .* does not exist"):
         Store(str(tmp_path / "no-such-dir" / "broker.sqlite"))
