@@ -195,7 +195,8 @@ class Delivery(Part):
     def refresh_parked(self, w: Changes, ep_nos: Iterable[int]) -> list[int]:
         """Endpoints whose transmission rows are all gone stop being parked (after commit);
         returns them."""
-        done = [no for no in set(ep_nos) if not self.store.has_transmission(no)]
+        nos = set(ep_nos)
+        done = list(nos - self.store.with_transmission(nos))
         w.after.append(lambda: self.state.parked.difference_update(done))
         return done
 

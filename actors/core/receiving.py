@@ -187,14 +187,17 @@ class Receiving(Part):
             committed += lk.count
 
         def fn(w: Changes) -> dict[str, Any]:
+            received: dict[bool, list[tuple[int, int, int]]] = {}  # by the queue's retention
             for lk in committing:
                 lk.settled = True
                 w.undo.append(lambda lk=lk: setattr(lk, "settled", False))
-                retain = st.catalog.queue(lk.queue).retention
                 if lk.count:
-                    self.store.remove_received(lk.group, lk.first_id, lk.last_id, retain)
+                    retain = st.catalog.queue(lk.queue).retention
+                    received.setdefault(retain, []).append((lk.group, lk.first_id, lk.last_id))
                     w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
                     w.audit.append(self._audit_group(lk, w.now))
+            for retain, ranges in received.items():
+                self.store.remove_received(ranges, retain)
             if ops:
                 held = frozenset(lk.group for lk in committing)
                 result = self.conversations.apply_ops(w, ops, held)

@@ -58,20 +58,21 @@ class QueuedMessages:
                 return out[:limit]
         return out
 
-    def remove_received(self, group_no: int, first_id: int, last_id: int, retain: bool) -> None:
-        """Delete (or, with retention, mark received) a group's waiting messages from its
-        first, `first_id`, to `last_id`. Held back in a group commit's unit
+    def remove_received(self, ranges: Sequence[tuple[int, int, int]], retain: bool) -> None:
+        """Delete (or, with retention, mark received) groups' waiting messages: per range
+        (group_no, first_id, last_id), the group's from its first, `first_id`, to `last_id`;
+        one statement per kind for all of them. Held back in a group commit's unit
         (actors.store.savepoints): these statements commute with inserts (of new ids) and
         with each other."""
         if retain:
-            writes = [(KEEP_RECEIVED, [(last_id, group_no, last_id, last_id)])]
+            writes = [(KEEP_RECEIVED, [(last, g, last, last) for g, _, last in ranges])]
         else:
             writes = [
-                (REMOVE_WHOLE, [(group_no, last_id)]),
-                (REMOVE_HEAD, [(last_id, group_no, last_id, last_id, last_id)]),
+                (REMOVE_WHOLE, [(g, last) for g, _, last in ranges]),
+                (REMOVE_HEAD, [(last, g, last, last, last) for g, _, last in ranges]),
             ]
         for sql, rows in writes:
-            if not self.writes.hold(sql, rows):
+            if rows and not self.writes.hold(sql, rows):
                 self.db.executemany(sql, rows)
 
     def settle_received(self, group_nos: Sequence[int]) -> None:

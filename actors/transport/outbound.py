@@ -4,7 +4,7 @@ taking the far side's answer (acknowledgements, refusals, or nothing)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from actors.model.dialogs import Endpoint
@@ -36,6 +36,14 @@ class Outbound:
             for row, (ep_no, first, last) in zip(self.rows, self.spans, strict=True)
             if not _covers(covered.get(ep_no, ()), first, last)
         ]
+
+    def on_edges(self, ranges: Iterable[tuple[int, int, int]]) -> set[tuple[int, int, int]]:
+        """Those of `ranges` (endpoint, first, last) that begin where a row of this batch begins
+        and end where one ends. A dialog has one batch in flight at a time and its rows never
+        share a number, so no other row can straddle either end."""
+        starts = {(ep_no, first) for ep_no, first, _ in self.spans}
+        ends = {(ep_no, last) for ep_no, _, last in self.spans}
+        return {r for r in ranges if (r[0], r[1]) in starts and (r[0], r[2]) in ends}
 
     def blob(self) -> bytes:
         return pack_bundles(self.bundles)
@@ -243,7 +251,7 @@ class Dispatcher:
                     port.post_error(w, ep, a.code, a.description)
                     continue
                 done.append((ep.no, a.first_seq, a.last_seq))
-            store.delete_acknowledged(done)
+            store.delete_acknowledged(done, out.on_edges(done))
             covered: dict[int, list[tuple[int, int]]] = {}
             for ep_no, first, last in done:
                 covered.setdefault(ep_no, []).append((first, last))

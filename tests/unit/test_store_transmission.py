@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from actors.store.database import Store
 from actors.store.segments import MAX_BYTES, MAX_MESSAGES
 from actors.store.transmission import rows_of
+from actors.transport.outbound import Outbound
 
 
 @pytest.fixture
@@ -89,6 +90,12 @@ def test_an_acknowledgement_of_part_of_a_row_keeps_exactly_the_rest_in_order(sto
         assert [seq for seq, _, _ in _messages(store, 1)] == [11]
 
 
+def test_a_batch_knows_which_acknowledged_ranges_begin_and_end_on_its_rows_edges():
+    batch = Outbound([], spans=[(1, 0, 4), (1, 5, 9), (2, 0, 0)])
+    ranges = [(1, 0, 9), (1, 5, 9), (1, 0, 3), (1, 2, 9), (2, 0, 0), (3, 0, 0), (2, 0, 4)]
+    assert batch.on_edges(ranges) == {(1, 0, 9), (1, 5, 9), (2, 0, 0)}
+
+
 def test_one_answer_whose_ranges_together_cover_a_row_takes_it_all(store):
     with store.tx():
         store.insert_transmission([_run(1, 0, [b"m%d" % i for i in range(10)])])
@@ -134,8 +141,11 @@ def test_rows_behind_an_older_row_still_backing_off_are_not_due(store):
         max_size=12,
     ),
     st.lists(st.tuples(st.integers(1, 3), st.integers(0, 400), st.integers(0, 60)), max_size=6),
+    st.booleans(),
 )
-def test_every_message_put_in_comes_out_once_in_order_whatever_is_acknowledged(sends, acks):
+def test_every_message_put_in_comes_out_once_in_order_whatever_is_acknowledged(
+    sends, acks, sent_as_batch
+):
     store = Store(":memory:")
     try:
         next_seq: dict[int, int] = {}
@@ -150,8 +160,14 @@ def test_every_message_put_in_comes_out_once_in_order_whatever_is_acknowledged(s
                     sent.setdefault(ep, []).extend((first + i, mt, b) for i, b in enumerate(bodies))
                     next_seq[ep] = first + n
                 store.insert_transmission(runs)
+        ranges = [(ep, first, first + n) for ep, first, n in acks]
+        on_edges: set[tuple[int, int, int]] = set()
+        if sent_as_batch:  # the rows went out as one batch: the ranges on its rows' edges
+            rows = store.due_transmission(0.0, 10**9)
+            batch = Outbound([], spans=[(r.endpoint_no, r.first_seq, r.last_seq) for r in rows])
+            on_edges = batch.on_edges(ranges)
         with store.tx():  # one answer: its ranges in one call
-            store.delete_acknowledged([(ep, first, first + n) for ep, first, n in acks])
+            store.delete_acknowledged(ranges, on_edges)
         for ep, first, length in acks:
             sent[ep] = [m for m in sent.get(ep, []) if not first <= m[0] <= first + length]
         for ep, msgs in sent.items():
