@@ -68,7 +68,7 @@ class Timers(Part):
                 delivery.post_error(w, ep, LIFETIME_EXPIRED, "the dialog's lifetime ran out")
                 self.store.delete_endpoint_transmission(ep.no)  # nothing more goes out
             elif d.kind.startswith("purge") and (
-                st.locks.is_locked(ep.group_no) or self.store.has_transmission(ep.no)
+                st.locks.is_locked(ep.group_no) or ep.no in self.store.with_transmission([ep.no])
             ):
                 # locked, or its last messages (an EndDialog, an Error) are still on their way
                 retry = w.now + st.limits.closed_retention_s

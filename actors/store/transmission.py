@@ -263,10 +263,6 @@ class TransmissionRows:
             pack_parts([w.types[i] for i in keep], [w.bodies[i] for i in keep]),
         )
 
-    def has_transmission(self, endpoint_no: int) -> bool:
-        sql = "SELECT 1 FROM transmission_runs WHERE endpoint_no=? LIMIT 1"
-        return self.db.execute(sql, (endpoint_no,)).fetchone() is not None
-
     def with_transmission(self, endpoint_nos: Iterable[int]) -> set[int]:
         """Those of `endpoint_nos` with rows in the transmission queue (one statement for up to
         a few hundred of them)."""
