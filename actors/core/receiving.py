@@ -187,13 +187,13 @@ class Receiving(Part):
             committed += lk.count
 
         def fn(w: Changes) -> dict[str, Any]:
-            received: dict[bool, list[tuple[int, int, int]]] = {}  # by the queue's retention
+            received: dict[bool, list[tuple[int, int]]] = {}  # by the queue's retention
             for lk in committing:
                 lk.settled = True
                 w.undo.append(lambda lk=lk: setattr(lk, "settled", False))
                 if lk.count:
                     retain = st.catalog.queue(lk.queue).retention
-                    received.setdefault(retain, []).append((lk.group, lk.first_id, lk.last_id))
+                    received.setdefault(retain, []).append((lk.group, lk.last_id))
                     w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
                     w.audit.append(self._audit_group(lk, w.now))
             for retain, ranges in received.items():

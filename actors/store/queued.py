@@ -58,18 +58,18 @@ class QueuedMessages:
                 return out[:limit]
         return out
 
-    def remove_received(self, ranges: Sequence[tuple[int, int, int]], retain: bool) -> None:
+    def remove_received(self, ranges: Sequence[tuple[int, int]], retain: bool) -> None:
         """Delete (or, with retention, mark received) groups' waiting messages: per range
-        (group_no, first_id, last_id), the group's from its first, `first_id`, to `last_id`;
-        one statement per kind for all of them. Held back in a group commit's unit
+        (group_no, last_id), the group's from its first waiting one to `last_id` (a lock's
+        range); one statement per kind for all of them. Held back in a group commit's unit
         (actors.store.savepoints): these statements commute with inserts (of new ids) and
         with each other."""
         if retain:
-            writes = [(KEEP_RECEIVED, [(last, g, last, last) for g, _, last in ranges])]
+            writes = [(KEEP_RECEIVED, [(last, g, last, last) for g, last in ranges])]
         else:
             writes = [
-                (REMOVE_WHOLE, [(g, last) for g, _, last in ranges]),
-                (REMOVE_HEAD, [(last, g, last, last, last) for g, _, last in ranges]),
+                (REMOVE_WHOLE, list(ranges)),
+                (REMOVE_HEAD, [(last, g, last, last, last) for g, last in ranges]),
             ]
         for sql, rows in writes:
             if rows and not self.writes.hold(sql, rows):

@@ -70,7 +70,7 @@ def test_units_that_only_insert_and_remove_run_no_savepoint_and_commit_as_one_st
                 store.insert_messages([_msg(i)])
             if i < 5:  # commits of what was received before (never of rows sent meanwhile)
                 with store.savepoint():
-                    store.remove_received([(1, i - 2, i - 2)], retain=False)
+                    store.remove_received([(1, i - 2)], retain=False)
     assert _ids(store) == [3, 4, 5, 6, 7]
     assert _savepoints(statements) == []
     assert sorted(calls.many) == [("DELETE", 2), ("INSERT", 5), ("UPDATE", 2)]
@@ -82,7 +82,7 @@ def test_a_unit_that_fails_before_any_statement_leaves_nothing_behind(store, sta
             store.insert_messages([_msg(1)])
         with pytest.raises(RuntimeError), store.savepoint():
             store.insert_messages([_msg(2)])
-            store.remove_received([(1, 1, 1)], retain=False)
+            store.remove_received([(1, 1)], retain=False)
             raise RuntimeError("this caller fails")
         with store.savepoint():
             store.insert_messages([_msg(3)])

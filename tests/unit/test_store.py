@@ -402,21 +402,21 @@ def test_remove_received_without_retention_deletes_the_waiting_messages_in_range
     # a range is always a group's oldest waiting messages (a lock's): here a segment's head
     store.insert_groups([(1, "g-1", "Q"), (2, "g-2", "Q")])
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(6, group=2)])
-    store.remove_received([(1, 1, 3)], retain=False)
+    store.remove_received([(1, 3)], retain=False)
     assert _ids(_all_messages(store)) == [4, 5, 6]
     assert _ids(store.fetch_group(1, None)) == [4, 5]
     assert store.waiting_by_group() == [(1, "Q", 2, 4), (2, "Q", 1, 6)]
-    store.remove_received([(1, 4, 5)], retain=False)
+    store.remove_received([(1, 5)], retain=False)
     assert _ids(_all_messages(store)) == [6]
 
 
 def test_remove_received_with_retention_marks_the_messages_received_and_keeps_them(store):
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(13, group=2)])
-    store.remove_received([(1, 1, 3)], retain=True)
+    store.remove_received([(1, 3)], retain=True)
     assert _ids(store.fetch_group(1, None)) == [4, 5]
     statuses = {row[0]: row[6] for row in _all_messages(store)}
     assert statuses == {1: RECEIVED, 2: RECEIVED, 3: RECEIVED, 4: WAITING, 5: WAITING, 13: WAITING}
-    store.remove_received([(1, 4, 5)], retain=True)
+    store.remove_received([(1, 5)], retain=True)
     assert store.fetch_group(1, None) == [] and len(_all_messages(store)) == 6
 
 
@@ -426,7 +426,7 @@ def test_a_range_over_several_conversations_segments_takes_each_ones_oldest(stor
     store.insert_messages([_msg(3, endpoint=2), _msg(4, endpoint=2)])
     store.insert_messages([_msg(5, endpoint=1), _msg(6, endpoint=1)])
     assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (3,)
-    store.remove_received([(1, 1, 5)], retain=False)
+    store.remove_received([(1, 5)], retain=False)
     assert _ids(_all_messages(store)) == [6]
     assert store.fetch_group(1, None) == [_fetched(6)]
     assert store.waiting_by_group() == [(1, "Q", 1, 6)]
@@ -437,9 +437,9 @@ def test_a_queue_whose_retention_changes_applies_the_new_rule_to_what_is_receive
     store, first_kept
 ):
     store.insert_messages([_msg(i) for i in range(1, 7)])  # one segment
-    store.remove_received([(1, 1, 2)], retain=first_kept)
+    store.remove_received([(1, 2)], retain=first_kept)
     store.settle_received([1])  # the core's ALTER QUEUE does this in its transaction
-    store.remove_received([(1, 3, 4)], retain=not first_kept)
+    store.remove_received([(1, 4)], retain=not first_kept)
     statuses = {row[0]: row[6] for row in _all_messages(store)}
     kept = [1, 2] if first_kept else [3, 4]
     assert statuses == {**dict.fromkeys(kept, RECEIVED), 5: WAITING, 6: WAITING}
@@ -463,7 +463,7 @@ def test_one_send_of_many_messages_is_a_few_rows_each_within_the_segment_limits(
 
 def test_remove_received_leaves_other_groups_alone(store):
     store.insert_messages([_msg(1), _msg(2, group=2), _msg(3)])
-    store.remove_received([(1, 1, 3)], retain=False)
+    store.remove_received([(1, 3)], retain=False)
     assert _ids(_all_messages(store)) == [2]
 
 
@@ -473,7 +473,7 @@ def test_remove_received_takes_several_groups_ranges_in_one_call(store, retain):
     store.insert_groups([(1, "g-1", "Q"), (2, "g-2", "Q"), (3, "g-3", "Q")])
     store.insert_messages([_msg(1), _msg(2), _msg(3, group=2), _msg(4, group=3), _msg(5)])
     store.insert_messages([_msg(6, group=2), _msg(7, group=2)])
-    store.remove_received([(1, 1, 2), (2, 3, 6)], retain=retain)
+    store.remove_received([(1, 2), (2, 6)], retain=retain)
     assert _ids(store.fetch_group(1, None)) == [5]
     assert _ids(store.fetch_group(2, None)) == [7]
     assert _ids(store.fetch_group(3, None)) == [4]
