@@ -133,7 +133,6 @@ def ingest(
         raise IngestError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
     mt, limits = _check_catalog(senders, from_service, to_service, contract, message_type)
     _check_columns(df, body=body, key=key, order=order, group=group)
-    total = _count(df, key)
     spec = IngestSpec(
         ingest_id=ingest_id,
         run=uuid.uuid4().hex[:16],
@@ -157,7 +156,7 @@ def ingest(
     share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None
 
     meter = board(NAMESPACE)
-    best_effort(lambda: meter.start.remote(spec.run, total))
+    best_effort(lambda: meter.start.remote(spec.run, None))  # no pass to count the rows first
     send = _partition_sender(
         spec,
         [(b.name, b.namespace) for b in senders],
@@ -169,17 +168,20 @@ def ingest(
     try:
         if show:
             with Watcher(meter, spec.run, show, every_s=1.0):
-                out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
+                out = _collect(frame.mapInArrow(send, RESULT_SCHEMA), df, key)
             final = best_effort(lambda: ray.get(meter.view.remote(spec.run), timeout=5.0))
             if final is not None:
                 show(final)
         else:
-            out = frame.mapInArrow(send, RESULT_SCHEMA).collect()
+            out = _collect(frame.mapInArrow(send, RESULT_SCHEMA), df, key)
     finally:
         best_effort(lambda: meter.end.remote(spec.run))
+    rows = sum(r.rows for r in out)
+    if rows == 0:  # nothing was sent: every queue and dialog is as it was
+        raise IngestError(NO_ROWS)
     return IngestReport(
         ingest_id=ingest_id,
-        rows=sum(r.rows for r in out),
+        rows=rows,
         sent=sum(r.sent for r in out),
         dialogs=sum(r.dialogs for r in out),
         calls=sum(r.calls for r in out),
@@ -194,10 +196,18 @@ def ingest(
     )
 
 
+NO_ROWS = "the DataFrame has no rows: nothing to ingest"
+NULL_KEY = "raybroker-ingest: null key"  # what the arrangement raises in Spark on a null key
+
+
 def arranged(df: Any, key: str | None, order: str | None, partitions: int | None) -> Any:
     """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
     sorted by (key, order). Without a key, each input partition is a key and keeps its order.
-    The reconciliation derives rows' positions the same way."""
+    The reconciliation derives rows' positions the same way.
+
+    A null key fails the shuffle's map side, which ends before any partition reaches a sender:
+    the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
+    knows holds no nulls)."""
     from pyspark.sql import functions as F
 
     if key is None:
@@ -206,7 +216,22 @@ def arranged(df: Any, key: str | None, order: str | None, partitions: int | None
         df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
         order = ORDER_COLUMN
     n = partitions or df.sparkSession.sparkContext.defaultParallelism
-    return df.repartition(n, key).sortWithinPartitions(key, order)
+    keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
+    return df.repartition(n, keyed).sortWithinPartitions(key, order)
+
+
+def _collect(frame: Any, df: Any, key: str | None) -> list[Any]:
+    """The senders' results, or the null keys' count when the arrangement found one."""
+    try:
+        return frame.collect()
+    except Exception as exc:
+        if key is None or NULL_KEY not in str(exc):
+            raise
+        nulls = df.where(df[key].isNull()).count()  # only now: the message says how many
+    raise IngestError(
+        f"{nulls:,} rows have a null key in column {key!r}; every row needs a key (fill or drop "
+        "them first)"
+    )
 
 
 def _partition_sender(
@@ -416,21 +441,3 @@ def _check_columns(
         raise IngestError("an order column orders the rows of each key: name a key column too")
     if order is not None and types[order].split("<")[0] in ("struct", "array", "map", "binary"):
         raise IngestError(f"the order column {order!r} is {types[order]}; it cannot be sorted")
-
-
-def _count(df: Any, key: str | None) -> int:
-    """Rows in `df`, refusing an empty DataFrame or a null key (one pass over the data)."""
-    from pyspark.sql import functions as F
-
-    aggs = [F.count(F.lit(1)).alias("n")]
-    if key is not None:
-        aggs.append(F.count(F.when(F.col(key).isNull(), 1)).alias("null_keys"))
-    row = df.agg(*aggs).collect()[0]
-    if row["n"] == 0:
-        raise IngestError("the DataFrame has no rows: nothing to ingest")
-    if key is not None and row["null_keys"]:
-        raise IngestError(
-            f"{row['null_keys']:,} rows have a null key in column {key!r}; every row needs a "
-            "key (fill or drop them first)"
-        )
-    return row["n"]

@@ -14,8 +14,8 @@ from typing import Any
 class Progress:
     """Counts of one ingest, as the senders report them."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
+    def __init__(self, total: int | None) -> None:
+        self.total = total  # None when the ingest did not count its rows beforehand
         self.rows = 0
         self.sent = 0
         self.started = time.monotonic()
@@ -44,7 +44,7 @@ class Board:
     def __init__(self) -> None:
         self.runs: dict[str, Progress] = {}
 
-    def start(self, run: str, total: int) -> None:
+    def start(self, run: str, total: int | None) -> None:
         self.runs[run] = Progress(total)
 
     def add(self, run: str, pid: int, rows: int, sent: int) -> None:
@@ -107,8 +107,11 @@ def best_effort(call: Callable[[], Any]) -> Any:
 
 
 def line(view: dict[str, Any]) -> str:
-    share = f" ({100 * view['rows'] / view['total']:.0f}%)" if view["total"] else ""
-    return f"{view['rows']:,}/{view['total']:,} rows{share}, {view['rows_per_s']:,.0f} rows/s"
+    rate = f"{view['rows_per_s']:,.0f} rows/s"
+    if not view["total"]:
+        return f"{view['rows']:,} rows, {rate}"
+    share = 100 * view["rows"] / view["total"]
+    return f"{view['rows']:,}/{view['total']:,} rows ({share:.0f}%), {rate}"
 
 
 class Watcher:

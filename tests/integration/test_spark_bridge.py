@@ -236,7 +236,7 @@ def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, or
     killed: list[int] = []
 
     def kill_first_sender(view):  # the real process sending to the broker, SIGKILLed
-        if not killed and view["senders"] and 0 < view["rows"] < view["total"]:
+        if not killed and view["senders"] and 0 < view["rows"] < 100_000:
             killed.append(view["senders"][0])
             os.kill(view["senders"][0], signal.SIGKILL)
 
@@ -250,6 +250,7 @@ def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, or
             **ORDER_COLUMNS,
             ingest_id="killed-1",
             batch_rows=500,
+            rows_per_s=40_000,  # 2.5 s at least: the progress views (one a second) see it run
             progress=kill_first_sender,
         )
     rerun = ingest(
@@ -334,12 +335,15 @@ def test_bad_arguments_are_refused_before_anything_is_sent(
 
 
 def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark, refusing_broker):
-    nulls = spark.createDataFrame(
-        [("a", '{"id": 1}'), (None, '{"id": 2}')], "customer string, order string"
+    # two null keys among 20,000 rows in 4 partitions: found in the shuffle that arranges the
+    # rows, which ends before any partition reaches a sender
+    nulls = spark.range(0, 20_000, numPartitions=4).select(
+        F.when(F.col("id").isin(7, 12_345), None).otherwise(F.col("id") % 50).alias("customer"),
+        F.to_json(F.struct("id")).alias("order"),
     )
     empty = spark.createDataFrame([], "customer string, order string")
 
-    with pytest.raises(IngestError, match="1 rows have a null key in column 'customer'"):
+    with pytest.raises(IngestError, match="2 rows have a null key in column 'customer'"):
         ingest(
             nulls,
             refusing_broker,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_bridge.progress import Tally
+from spark_bridge.progress import Tally, line
 
 
 def test_the_first_report_goes_at_once_then_one_per_interval_and_the_rest_at_the_end():
@@ -37,3 +37,10 @@ def test_the_reports_add_up_to_what_was_sent_and_come_no_closer_than_the_interva
     assert sum(r for _, r in told) == sum(r for r, _ in calls)
     times = [t for t, _ in told[:-1]]  # the last may be the flush at the end
     assert all(b - a >= 0.5 for a, b in zip(times, times[1:], strict=False))
+
+
+def test_the_progress_line_shows_the_share_only_when_the_total_is_known():
+    view = {"rows": 2_500, "total": 10_000, "rows_per_s": 1234.4}
+
+    assert line(view) == "2,500/10,000 rows (25%), 1,234 rows/s"
+    assert line(view | {"total": None}) == "2,500 rows, 1,234 rows/s"
