@@ -29,3 +29,9 @@ def packb(obj: Any) -> bytes:
     if len(out) > KEEP_BYTES:
         del _local.packer  # its buffer is as big as this output: let it go
     return out
+
+
+def one_or_all(values: list[Any]) -> Any:
+    """A column packed as its one value when every entry has it (the usual case: one message
+    type, one time for a run), else the list itself."""
+    return values[0] if values.count(values[0]) == len(values) else values

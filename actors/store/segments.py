@@ -24,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from actors.packing import packb
+from actors.packing import one_or_all, packb
 
 # A segment ends at this many messages or bytes of bodies, so that a receive of a few of its
 # messages, or the update that marks them received, never handles a large row.
@@ -126,10 +126,6 @@ def pack(pieces: Sequence[tuple[Run, int, int]]) -> bytes:
     if seq_list != list(range(seqs, seqs + len(seq_list))):
         seqs = seq_list
     return packb([bodies, one_or_all(types), seqs, one_or_all(sent), one_or_all(arrived)])
-
-
-def one_or_all(values: list[Any]) -> Any:
-    return values[0] if values.count(values[0]) == len(values) else values
 
 
 def unpack(first_id: int, parts: bytes) -> Iterator[tuple[int, int, str, bytes, float, float]]:

@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from actors.packing import packb
+from actors.packing import one_or_all, packb
 from actors.store.file import Connection, marks, parts
-from actors.store.segments import MAX_BYTES, MAX_MESSAGES, one_or_all
+from actors.store.segments import MAX_BYTES, MAX_MESSAGES
 
 TRANSMISSION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS transmission_runs (

@@ -245,9 +245,7 @@ class Receiver:
             seqs, bodies = seqs[: start + len(opened)], [*bodies[:start], *opened]
         i = start
         while i < len(seqs) and seqs[i] == ep.recv_seq:
-            j = i
-            while j + 1 < len(seqs) and types[j + 1] == types[i] and seqs[j + 1] == seqs[j] + 1:
-                j += 1
+            j = _run_end(seqs, types, i)
             refusal = self._refusal(ep, types[i], bodies[i : j + 1])
             if refusal is not None:
                 # the messages before the refused one are taken; it and all after it are not,
@@ -341,6 +339,12 @@ class Receiver:
                 return 0, (
                     f"message type {mt!r} is not allowed from that side by contract {ep.contract!r}"
                 )
+        if mt not in (END_DIALOG, ERROR) and max(map(len, bodies)) <= port.limits.max_body_bytes:
+            try:  # the usual case: a type without validation, no body too big; none to look at
+                if port.catalog.validator(mt).kind == "none":
+                    return None
+            except BrokerError:
+                pass  # the first body's check below names it
         for n, body in enumerate(bodies):
             why = self._body_refusal(mt, body)
             if why is not None:
@@ -389,3 +393,16 @@ class Receiver:
             code,
             description,
         )
+
+
+def _run_end(seqs: Sequence[int], types: Sequence[str], i: int) -> int:
+    """Where the run from message i ends: the last message of its type with no gap in the
+    sequence numbers since i (they increase, so the whole rest is a run when the last one is as
+    far from i as its place is)."""
+    last = len(seqs) - 1
+    if seqs[last] - seqs[i] == last - i and types.count(types[i]) == len(types):
+        return last
+    j = i
+    while j < last and types[j + 1] == types[i] and seqs[j + 1] == seqs[j] + 1:
+        j += 1
+    return j

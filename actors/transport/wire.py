@@ -11,7 +11,7 @@ import msgpack
 
 from actors.errors import BrokerError, InvalidArgument
 from actors.model.catalog import check_name
-from actors.packing import packb
+from actors.packing import one_or_all, packb
 
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470
@@ -69,7 +69,19 @@ class Reply(NamedTuple):
 
 
 def pack_bundles(bundles: Sequence[Bundle]) -> bytes:
-    return packb(list(bundles))
+    return packb([_compact(b) for b in bundles])
+
+
+def _compact(b: Bundle) -> Bundle:
+    """A bundle as it travels: its sequence numbers as the first when they have no gap, and its
+    messages' type and sent time as one value when they all share it (the usual case), so
+    neither broker packs, reads or checks them message by message."""
+    seqs = b.seqs
+    return b._replace(
+        seqs=seqs[0] if seqs[-1] - seqs[0] == len(seqs) - 1 else seqs,  # increasing: no gap
+        types=one_or_all(b.types),
+        sent_ats=one_or_all(b.sent_ats),
+    )
 
 
 MAX_ID = 128  # characters of a conversation or broker id (ours are 36)
@@ -120,32 +132,69 @@ def read_bundle(raw: Any) -> Bundle | str:
             _number("expires_at", b.expires_at)
         if type(b.hops_left) is not int:
             raise InvalidArgument(f"hops_left must be an integer, not {_kind(b.hops_left)}")
-        columns = [b.seqs, b.types, b.bodies, b.sent_ats]
-        if not all(isinstance(c, list) for c in columns):
-            raise InvalidArgument("seqs, types, bodies and sent_ats must be lists")
-        if not b.seqs or len({len(c) for c in columns}) != 1:
-            raise InvalidArgument(
-                f"seqs, types, bodies and sent_ats must be equally long and not empty, not "
-                f"{len(b.seqs)}, {len(b.types)}, {len(b.bodies)} and {len(b.sent_ats)} long"
-            )
-        last = -1
-        for s in b.seqs:
-            if type(s) is not int or not last < s <= MAX_SEQ:
-                raise InvalidArgument(
-                    f"seqs must be increasing integers from 0, not {b.seqs[:8]!r}"
-                )
-            last = s
-        for mt in b.types:
-            _text("a message type", mt, MAX_ID)
-            check_name("message type", mt)
-        for body in b.bodies:
-            if not isinstance(body, bytes):
-                raise InvalidArgument(f"a body must be bytes, not {_kind(body)}")
-        for at in b.sent_ats:
-            _number("sent_ats", at)
+        bodies = b.bodies
+        if not isinstance(bodies, list) or not bodies:
+            raise InvalidArgument(f"bodies must be a list of at least one, not {_kind(bodies)}")
+        if set(map(type, bodies)) != {bytes}:
+            odd = next(body for body in bodies if type(body) is not bytes)
+            raise InvalidArgument(f"a body must be bytes, not {_kind(odd)}")
+        b = b._replace(
+            seqs=_seqs(b.seqs, len(bodies)),
+            types=_types(b.types, len(bodies)),
+            sent_ats=_sent_ats(b.sent_ats, len(bodies)),
+        )
     except BrokerError as exc:  # a field's check, or the catalog's name rule
         return str(exc)
     return b
+
+
+def _seqs(seqs: Any, n: int) -> list[int]:
+    """A bundle's sequence numbers: its first (they have no gap) or all of them, increasing."""
+    if type(seqs) is int:
+        if not 0 <= seqs <= MAX_SEQ - n + 1:
+            raise InvalidArgument(f"seqs must run from 0 to {MAX_SEQ:,}, not from {seqs!r}")
+        return list(range(seqs, seqs + n))
+    _column("seqs", seqs, n)
+    last = -1
+    for s in seqs:
+        if type(s) is not int or not last < s <= MAX_SEQ:
+            raise InvalidArgument(f"seqs must be increasing integers from 0, not {seqs[:8]!r}")
+        last = s
+    return seqs
+
+
+def _types(types: Any, n: int) -> list[str]:
+    """A bundle's message types: one for all its messages, or one each."""
+    if isinstance(types, str):
+        _type_name(types)
+        return [types] * n
+    _column("types", types, n)
+    if set(map(type, types)) != {str}:
+        raise InvalidArgument(f"a message type must be a string, not {_kind(types[:8])}")
+    for mt in set(types):
+        _type_name(mt)
+    return types
+
+
+def _sent_ats(sent: Any, n: int) -> list[float]:
+    """A bundle's sent times: one for all its messages, or one each."""
+    if type(sent) in (int, float):
+        _number("sent_ats", sent)
+        return [sent] * n
+    _column("sent_ats", sent, n)
+    if not set(map(type, sent)) <= {int, float} or not all(map(math.isfinite, sent)):
+        raise InvalidArgument(f"sent_ats must be finite numbers, not {_kind(sent[:8])}")
+    return sent
+
+
+def _column(what: str, values: Any, n: int) -> None:
+    if not isinstance(values, list) or len(values) != n:
+        raise InvalidArgument(f"{what} must be a list as long as bodies ({n}), not {_kind(values)}")
+
+
+def _type_name(mt: Any) -> None:
+    _text("a message type", mt, MAX_ID)
+    check_name("message type", mt)
 
 
 def _text(what: str, value: Any, most: int) -> None:

@@ -119,15 +119,15 @@ MALFORMED = {
     "a body that is None": ({"bodies": [None]}, "a body must be bytes"),
     "more bodies than sequence numbers": (
         {"bodies": [b"a", b"b"]},
-        "seqs, types, bodies and sent_ats must be equally long",
+        "seqs must be a list as long as bodies (2)",
     ),
     "fewer types than sequence numbers": (
         {"seqs": [0, 1], "bodies": [b"a", b"b"], "sent_ats": [0.0, 0.0]},
-        "must be equally long",
+        "types must be a list as long as bodies (2)",
     ),
     "no messages": (
         {"seqs": [], "types": [], "bodies": [], "sent_ats": []},
-        "must be equally long and not empty",
+        "bodies must be a list of at least one",
     ),
     "a conversation id that is a number": ({"conversation_id": 42}, "conversation_id must be"),
     "a conversation id that is empty": ({"conversation_id": ""}, "conversation_id must be"),
@@ -152,8 +152,19 @@ MALFORMED = {
     ),
     "a bool sequence number": ({"seqs": [True]}, "seqs must be increasing integers"),
     "a message type that is a number": ({"types": [7]}, "a message type must be"),
-    "a send time that is text": ({"sent_ats": ["now"]}, "sent_ats must be a finite number"),
-    "a column that is not a list": ({"bodies": b"m0"}, "must be lists"),
+    "a send time that is text": ({"sent_ats": ["now"]}, "sent_ats must be finite numbers"),
+    "a send time that is NaN": ({"sent_ats": [math.nan]}, "sent_ats must be finite numbers"),
+    "a column that is not a list": ({"bodies": b"m0"}, "bodies must be a list of at least one"),
+    # the compact columns a sender packs: the first sequence number, one type, one time
+    "a negative first sequence number": ({"seqs": -1}, "seqs must run from 0"),
+    "a run past SQLite's integers": (
+        {"seqs": 2**63 - 1, "types": "Req", "bodies": [b"a", b"b"], "sent_ats": 0.0},
+        "seqs must run from 0",
+    ),
+    "one message type with a space": ({"types": "Req uest"}, "message type name"),
+    "one message type that is empty": ({"types": ""}, "a message type must be"),
+    "one send time that is NaN": ({"sent_ats": math.nan}, "sent_ats must be a finite number"),
+    "one send time that is a bool": ({"sent_ats": True}, "sent_ats must be a list as long"),
 }
 
 

@@ -28,7 +28,7 @@ from actors.transport import (
     Outbound,
 )
 from actors.transport.inbound import Receiver
-from actors.transport.wire import Bundle
+from actors.transport.wire import Bundle, read_bundle
 from tests.fakes import FakeClock, InProcessPeers
 
 INIT = Service("Init", "InitQ")
@@ -342,9 +342,9 @@ def test_later_sequence_numbers_first_wait_for_the_resend_then_arrive_in_order(n
     net.pump()
     send(a, h, b"m1", b"m2", b"m3")
     (out,) = a.transport.dispatch()
-    bundle = msgpack.unpackb(out.blob(), raw=False)[0]
-    assert bundle[9] == [1, 2, 3]
-    gap = bundle[:9] + [col[1:] for col in bundle[9:13]] + bundle[13:]  # m2, m3 without m1
+    sent = read_bundle(msgpack.unpackb(out.blob(), raw=False)[0])
+    assert sent.seqs == [1, 2, 3]
+    gap = list(sent)[:9] + [col[1:] for col in sent[9:13]] + list(sent)[13:]  # m2, m3, not m1
 
     reply = net.deliver("A", "B", msgpack.packb([gap], use_bin_type=True))
 
@@ -370,8 +370,8 @@ def test_a_bundle_past_the_first_message_for_an_unknown_dialog_is_refused_as_not
     a, b = pair
     begin(a, b"m0", b"m1")
     (out,) = a.transport.dispatch()
-    bundle = msgpack.unpackb(out.blob(), raw=False)[0]
-    gap = bundle[:9] + [col[1:] for col in bundle[9:13]] + bundle[13:]
+    sent = read_bundle(msgpack.unpackb(out.blob(), raw=False)[0])
+    gap = list(sent)[:9] + [col[1:] for col in sent[9:13]] + list(sent)[13:]
 
     reply = net.deliver("A", "B", msgpack.packb([gap], use_bin_type=True))
 
