@@ -19,7 +19,9 @@ time, sequence numbers one after another) are packed once.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -74,18 +76,29 @@ def segments(runs: Sequence[Run]) -> list[SegmentRow]:
             pieces.append((run, 0, count))
             n, size = n + count, size + nbytes
             continue
-        start = 0  # longer than the room left: cut where the limits say
-        for i, body in enumerate(bodies):
-            if n == MAX_MESSAGES or (n and size + len(body) > MAX_BYTES):
-                if i > start:
-                    pieces.append((run, start, i))
-                out.append(_segment(pieces))
-                pieces, n, size, start = [], 0, 0, i
-            n, size = n + 1, size + len(body)
-        pieces.append((run, start, count))
+        ends = list(accumulate(map(len, bodies)))  # longer than the room left: cut it
+        start = 0
+        while True:
+            k = room_for(ends, start, MAX_MESSAGES - n, MAX_BYTES - size) or int(not n)
+            if k:  # (a body over the byte limit alone makes a segment of one)
+                pieces.append((run, start, start + k))
+                n, size = n + k, size + ends[start + k - 1] - (ends[start - 1] if start else 0)
+                start += k
+            if start == count:
+                break
+            out.append(_segment(pieces))
+            pieces, n, size = [], 0, 0
     if pieces:
         out.append(_segment(pieces))
     return out
+
+
+def room_for(ends: list[int], start: int, messages: int, nbytes: int) -> int:
+    """How many bodies from `start` on fit in `messages` messages and `nbytes` bytes, `ends`
+    being the bodies' running byte totals (`accumulate` of their lengths): found by bisection,
+    not body by body."""
+    before = ends[start - 1] if start else 0
+    return bisect_right(ends, before + nbytes, start, min(len(ends), start + messages)) - start
 
 
 def _segment(pieces: list[tuple[Run, int, int]]) -> SegmentRow:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Container, Iterable, Iterator, Sequence
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 import msgpack
 
 from actors.packing import one_or_all, packb
 from actors.store.file import Connection, marks, parts
-from actors.store.segments import MAX_BYTES, MAX_MESSAGES
+from actors.store.segments import MAX_BYTES, MAX_MESSAGES, room_for
 
 TRANSMISSION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS transmission_runs (
@@ -103,16 +104,19 @@ def rows_of(runs: Iterable[Run]) -> list[tuple[Any, ...]]:
                 row = open_rows[ep] = [head, [mt] * len(bodies), list(bodies), size]
                 out.append(row)
             continue
-        for body in bodies:  # cut where the limits say
-            if goes_on and len(row[2]) < MAX_MESSAGES and row[3] + len(body) <= MAX_BYTES:
-                row[1].append(mt)
-                row[2].append(body)
-                row[3] += len(body)
-            else:
-                row = open_rows[ep] = [(ep, first, *run[2:]), [mt], [body], len(body)]
+        ends = list(accumulate(map(len, bodies)))  # cut where the limits say
+        start = 0
+        while start < len(bodies):
+            if not goes_on:
+                row = open_rows[ep] = [(ep, first + start, *run[2:]), [], [], 0]
                 out.append(row)
-                goes_on = True
-            first += 1
+            k = room_for(ends, start, MAX_MESSAGES - len(row[2]), MAX_BYTES - row[3])
+            k = k or int(not row[2])  # a body over the byte limit alone makes a row of one
+            row[1] += [mt] * k
+            row[2] += bodies[start : start + k]
+            row[3] += ends[start + k - 1] - (ends[start - 1] if start else 0) if k else 0
+            start += k
+            goes_on = False  # full: the rest starts a new row
     return [
         (h[0], h[1], h[1] + len(bodies) - 1, pack_parts(types, bodies), *h[4:])
         for h, types, bodies, _ in out
