@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from actors.packing import packb
+from actors.packing import one_or_all, packb
 
 FIELDS = (
     "message_id",  # "<conversation id>/<i|t>/<sequence>": the same on every broker it crosses
@@ -66,19 +66,23 @@ def encode_group(
     rows: Sequence[Sequence[Any]],
 ) -> list[Any]:
     """One committed group, as columns. `rows` are receive rows: (queuing order, endpoint no,
-    seq, message type, body, sent_at, arrived_at); bodies are not kept."""
+    seq, message type, body, sent_at, arrived_at); bodies are not kept. A column whose
+    messages all share a value is that value, the sequence numbers the first when they count
+    up by one, and the count of messages ends the record (see `_expanded`)."""
     _ids, ep_nos, seqs, types, _bodies, sent, arrived = zip(*rows, strict=True)
+    n, first = len(seqs), seqs[0]
     return [
         broker_id,
         queue,
         received_at,
         committed_at,
         dict(senders),
-        ep_nos,
-        seqs,
-        types,
-        sent,
-        arrived,
+        one_or_all(ep_nos),
+        first if seqs == tuple(range(first, first + n)) else seqs,
+        one_or_all(types),
+        one_or_all(sent),
+        one_or_all(arrived),
+        n,
     ]
 
 
@@ -94,18 +98,8 @@ def encode_run(
 ) -> list[Any]:
     """A run of one endpoint's messages received and committed at `at` with no reader between
     (passed straight on, `Begin.relays`), as `encode_group` columns."""
-    return [
-        broker_id,
-        queue,
-        at,
-        at,
-        {ep.no: sender(ep, broker_id)},
-        (ep.no,) * count,
-        tuple(range(first_seq, first_seq + count)),
-        (message_type,) * count,
-        (sent_at,) * count,
-        (at,) * count,
-    ]
+    senders = {ep.no: sender(ep, broker_id)}
+    return [broker_id, queue, at, at, senders, ep.no, first_seq, message_type, sent_at, at, count]
 
 
 def pack(groups: Sequence[list[Any]]) -> bytes:
@@ -116,7 +110,9 @@ def records(payload: bytes) -> list[dict[str, Any]]:
     """The delivery records of one stored commit, in commit order."""
     out = []
     for group in msgpack.unpackb(payload, raw=False, strict_map_key=False):
-        broker, queue, received, committed, senders, ep_nos, seqs, types, sent, arrived = group
+        broker, queue, received, committed, senders, ep_nos, seqs, types, sent, arrived = _expanded(
+            group
+        )
         for i, no in enumerate(ep_nos):
             conv, from_initiator, from_service, to_service, from_broker, hops = senders[no]
             out.append(
@@ -142,6 +138,23 @@ def records(payload: bytes) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def _expanded(group: list[Any]) -> list[Any]:
+    """A stored group with a list per column: since the count ends a record, a column may be
+    one value for all its messages (the sequence numbers: the first of a run); records written
+    before hold lists only, and no count."""
+    if len(group) == 10:
+        return group
+    *head, ep_nos, seqs, types, sent, arrived, n = group
+    return [
+        *head,
+        ep_nos if isinstance(ep_nos, list) else [ep_nos] * n,
+        seqs if isinstance(seqs, list) else range(seqs, seqs + n),
+        types if isinstance(types, list) else [types] * n,
+        sent if isinstance(sent, list) else [sent] * n,
+        arrived if isinstance(arrived, list) else [arrived] * n,
+    ]
 
 
 def columns(recs: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
