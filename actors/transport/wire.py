@@ -76,9 +76,9 @@ def _compact(b: Bundle) -> Bundle:
     """A bundle as it travels: its sequence numbers as the first when they have no gap, and its
     messages' type and sent time as one value when they all share it (the usual case), so
     neither broker packs, reads or checks them message by message."""
-    seqs = b.seqs
+    seqs, first = b.seqs, b.seqs[0]
     return b._replace(
-        seqs=seqs[0] if seqs[-1] - seqs[0] == len(seqs) - 1 else seqs,  # increasing: no gap
+        seqs=first if seqs == list(range(first, first + len(seqs))) else seqs,
         types=one_or_all(b.types),
         sent_ats=one_or_all(b.sent_ats),
     )

@@ -50,3 +50,13 @@ def test_a_run_ends_at_the_first_gap_or_change_of_type(b, data):
         j += 1  # message by message, as the rule reads
 
     assert _run_end(b.seqs, b.types, i) == j
+
+
+def test_numbers_that_only_look_like_a_run_at_their_ends_travel_whole_and_are_refused():
+    b = Bundle("conv", "From", "To", None, "A", True, "C", None, 8,
+               [0, 2, 1, 3], ["Order"] * 4, [b"a", b"b", b"c", b"d"], [2.5] * 4)  # fmt: skip
+
+    [raw] = unpack_bundles(pack_bundles([b]))
+
+    assert raw[9] == [0, 2, 1, 3]
+    assert "seqs must be increasing" in read_bundle(raw)
