@@ -115,7 +115,7 @@ async def _receive_all(client: Client, messages: int) -> None:
         [(_, value)] = await client.calls([receive])
         groups = unpack_received(value)
         held = [g.lock_id for g in groups]
-        got += sum(len(g.rows) for g in groups)
+        got += sum(len(g) for g in groups)
         if not groups and got >= messages:
             return
 

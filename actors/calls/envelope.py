@@ -20,6 +20,7 @@ from actors.model.catalog import DEFAULT, ERROR, check_name
 from actors.model.dialogs import check_error, parse_error_body
 from actors.model.routing import check_broker_id
 from actors.packing import packb
+from actors.runs import Row, Run, rows_of
 
 MAX_HANDLE = 200  # characters in a conversation handle or group id a caller chooses
 
@@ -317,8 +318,6 @@ class Message(NamedTuple):
 
 # Per endpoint, once per group: (handle, conversation_id, service, far_service, contract).
 EndpointInfo = tuple[str, str, str, str, str]
-# Per message: (queuing_order, endpoint_no, seq, message_type, body, sent_at, arrived_at).
-Row = tuple[int, int, int, str, bytes, float, float]
 
 
 class _computed_once:  # noqa: N801 (a decorator, named as functools.cached_property is)
@@ -347,20 +346,39 @@ class ReceivedGroup:
     lock_id: str
     state: bytes | None
     endpoints: dict[int, EndpointInfo]
-    rows: list[Row]
+    runs: list[Run]  # the messages, by the run: not an object per message until one is asked for
+
+    @_computed_once
+    def rows(self) -> list[Row]:
+        """The messages as rows, in order."""
+        return rows_of(self.runs)
 
     @_computed_once
     def messages(self) -> list[Message]:
         eps, gid, new = self.endpoints, self.group_id, tuple.__new__
         out = []
-        for qo, ep, seq, mt, body, sent, arrived in self.rows:
+        for qo, ep, seq, mt, bodies, sent, arrived in self.runs:
             handle, conv, svc, far, contract = eps[ep]
-            out.append(
-                new(
-                    Message,
-                    (qo, handle, conv, gid, mt, body, seq, svc, far, contract, sent, arrived),
+            for i, body in enumerate(bodies):
+                out.append(
+                    new(
+                        Message,
+                        (
+                            qo + i,
+                            handle,
+                            conv,
+                            gid,
+                            mt,
+                            body,
+                            seq + i if seq >= 0 else -1,
+                            svc,
+                            far,
+                            contract,
+                            sent,
+                            arrived,
+                        ),
+                    )  # fmt: skip
                 )
-            )
         return out
 
     def message(self, i: int) -> Message:
@@ -371,12 +389,13 @@ class ReceivedGroup:
                        arrived)  # fmt: skip
 
     def __len__(self) -> int:
-        return len(self.rows)
+        runs = self.runs
+        return len(runs[0][4]) if len(runs) == 1 else sum(len(r[4]) for r in runs)
 
 
 def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:
     return packb(
-        [[g.group_id, g.lock_id, g.state, list(g.endpoints.items()), g.rows] for g in groups]
+        [[g.group_id, g.lock_id, g.state, list(g.endpoints.items()), g.runs] for g in groups]
     )
 
 
@@ -453,6 +472,6 @@ def answered_locks(method: str, args: Any, outcome: Any) -> list[str]:
 
 def unpack_received(blob: bytes) -> list[ReceivedGroup]:
     out = []
-    for gid, lock_id, state, eps, rows in msgpack.unpackb(blob, raw=False, strict_map_key=False):
-        out.append(ReceivedGroup(gid, lock_id, state, {k: tuple(v) for k, v in eps}, rows))
+    for gid, lock_id, state, eps, runs in msgpack.unpackb(blob, raw=False, strict_map_key=False):
+        out.append(ReceivedGroup(gid, lock_id, state, {k: tuple(v) for k, v in eps}, runs))
     return out

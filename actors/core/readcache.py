@@ -42,31 +42,30 @@ class ReadCache:
         self.bytes += nbytes
 
     def take(self, group: int, skip: int, limit: int | None) -> list[tuple[Any, ...]] | None:
-        """The waiting messages after the first `skip`, as receive rows (id, endpoint_no, seq,
-        type, body, sent_at, arrived_at); None if not cached."""
+        """The waiting messages after the first `skip`, as received runs (first id,
+        endpoint_no, first seq, type, bodies, sent_at, arrived_at; `actors.calls.envelope.Run`);
+        None if not cached."""
         cached = self._runs.get(group)
         if cached is None:
             return None
         skip += self._taken[group]
         out: list[tuple[Any, ...]] = []
+        left = limit
         for first_id, _, ep, seq, mt, bodies, _, sent, arrived in cached:
             n = len(bodies)
             if skip >= n:
                 skip -= n
                 continue
-            end = n if limit is None else min(n, skip + limit - len(out))
-            if seq < 0:  # the broker's own messages: no sequence number
-                out += [
-                    (first_id + i, ep, -1, mt, bodies[i], sent, arrived) for i in range(skip, end)
-                ]
-            else:
-                out += [
-                    (first_id + i, ep, seq + i, mt, bodies[i], sent, arrived)
-                    for i in range(skip, end)
-                ]
+            end = n if left is None else min(n, skip + left)
+            part = bodies if skip == 0 and end == n else bodies[skip:end]
+            out.append(
+                (first_id + skip, ep, seq + skip if seq >= 0 else -1, mt, part, sent, arrived)
+            )
+            if left is not None:
+                left -= end - skip
+                if left <= 0:
+                    break
             skip = 0
-            if limit is not None and len(out) >= limit:
-                break
         return out
 
     def consumed(self, group: int, count: int) -> None:

@@ -17,6 +17,7 @@ from actors.core.work import Part, UnitOfWork
 from actors.errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
 from actors.model import checks
 from actors.model.catalog import Queue, to_record
+from actors.runs import Run, rows_of, runs_of
 from actors.store import audit
 
 
@@ -50,10 +51,10 @@ class Receiving(Part):
             lock = self.held([lock_id])[0]
             if lock.queue != queue:
                 raise InvalidArgument(f"lock {lock_id} is on queue {lock.queue!r}, not {queue!r}")
-            rows = st.cache.take(lock.group, lock.count, top)
-            if rows is None:
-                rows = self.store.fetch_group(lock.group, top, lock.last_id)
-            return [self._take(lock, rows)]
+            runs = st.cache.take(lock.group, lock.count, top)
+            if runs is None:
+                runs = self.store.fetch_group(lock.group, top, lock.last_id)
+            return [self._take(lock, runs)]
         target = self._target_group(queue, group_id, handle)
         out: list[ReceivedGroup] = []
         turn = Turn()
@@ -68,18 +69,18 @@ class Receiving(Part):
                 if popped is None:
                     break
                 key, g = popped
-            rows = st.cache.take(g, 0, top)
-            if rows is None:
-                rows = self.store.fetch_group(g, top)
-            if not rows:  # the index was ahead of the store; it is now corrected
+            runs = st.cache.take(g, 0, top)
+            if runs is None:
+                runs = self.store.fetch_group(g, top)
+            if not runs:  # the index was ahead of the store; it is now corrected
                 idx.remove(g, idx.pending.get(g, 0))
                 continue
-            lock = st.locks.acquire(g, queue, owner, now, lease_s, key, rows[0][0], 0, 0, turn)
-            out.append(self._take(lock, rows))
+            lock = st.locks.acquire(g, queue, owner, now, lease_s, key, runs[0][0], 0, 0, turn)
+            out.append(self._take(lock, runs))
             if target is not None:
                 break
-        for g in out:  # rows, not .messages: those would be built for nothing
-            st.counts.received += len(g.rows)
+        for g in out:  # by the runs, not .messages: those would be built for nothing
+            st.counts.received += len(g)
         return out
 
     def _target_group(self, queue: str, group_id: str | None, handle: str | None) -> int | None:
@@ -97,27 +98,29 @@ class Receiving(Part):
             )
         return g
 
-    def _take(self, lock: Lock, rows: list[tuple[Any, ...]]) -> ReceivedGroup:
-        """Put received rows under `lock` and shape them for the caller."""
-        if rows:
+    def _take(self, lock: Lock, runs: list[Run]) -> ReceivedGroup:
+        """Put received runs under `lock` and shape them for the caller."""
+        if runs:
             if lock.count == 0:
-                lock.first_id = rows[0][0]
-            lock.last_id = rows[-1][0]
-            lock.count += len(rows)
-            lock.audit.append(rows)
+                lock.first_id = runs[0][0]
+            last = runs[-1]
+            lock.last_id = last[0] + len(last[4]) - 1
+            lock.count += len(last[4]) if len(runs) == 1 else sum(len(r[4]) for r in runs)
+            lock.audit.append(runs)
         eps = self.state.endpoints
         infos = {}
-        for no in _endpoint_nos(rows):
+        for no in _endpoint_nos(runs):
             ep = eps[no]
             infos[no] = (ep.handle, ep.conversation_id, ep.service, ep.far_service, ep.contract)
         if len(infos) > 1:  # one conversation's messages before the next, each in sequence
+            rows = rows_of(runs)
             first: dict[int, int] = {}
             for i, r in enumerate(rows):
                 first.setdefault(r[1], i)
-            rows = sorted(rows, key=lambda r: (first[r[1]], r[2]))
+            runs = runs_of(sorted(rows, key=lambda r: (first[r[1]], r[2])))
         g = self.state.groups[lock.group]
         state = self.store.group_state(g.no) if g.stateful else None
-        return ReceivedGroup(g.group_id, lock.lock_id, state, infos, rows)
+        return ReceivedGroup(g.group_id, lock.lock_id, state, infos, runs)
 
     def held(self, lock_ids: Iterable[str]) -> list[Lock]:
         locks, missing = [], []
@@ -221,9 +224,9 @@ class Receiving(Part):
     def _audit_group(self, lk: Lock, now: float) -> list[Any]:
         """One committed group's delivery records, as columns (cheap to build and to store)."""
         st = self.state
-        rows = lk.audit[0] if len(lk.audit) == 1 else [r for chunk in lk.audit for r in chunk]
-        senders = {no: audit.sender(st.endpoints[no], st.broker_id) for no in _endpoint_nos(rows)}
-        return audit.encode_group(st.broker_id, lk.queue, lk.received_at, now, senders, rows)
+        runs = lk.audit[0] if len(lk.audit) == 1 else [r for chunk in lk.audit for r in chunk]
+        senders = {no: audit.sender(st.endpoints[no], st.broker_id) for no in _endpoint_nos(runs)}
+        return audit.encode_group(st.broker_id, lk.queue, lk.received_at, now, senders, runs)
 
     def _release(self, locks: Sequence[Lock], committed: bool) -> None:
         st = self.state
@@ -335,6 +338,6 @@ class Receiving(Part):
         self.uow.run(fn)
 
 
-def _endpoint_nos(rows: Sequence[Sequence[Any]]) -> Iterable[int]:
-    """The endpoints a group's received rows came from (most often a group has one row)."""
-    return (rows[0][1],) if len(rows) == 1 else {r[1] for r in rows}
+def _endpoint_nos(runs: Sequence[Run]) -> Iterable[int]:
+    """The endpoints a group's received runs came from (most often a group has one run)."""
+    return (runs[0][1],) if len(runs) == 1 else {r[1] for r in runs}

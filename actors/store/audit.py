@@ -63,14 +63,32 @@ def encode_group(
     received_at: float,
     committed_at: float,
     senders: Mapping[int, Sender],
-    rows: Sequence[Sequence[Any]],
+    runs: Sequence[Sequence[Any]],
 ) -> list[Any]:
-    """One committed group, as columns. `rows` are receive rows: (queuing order, endpoint no,
-    seq, message type, body, sent_at, arrived_at); bodies are not kept. A column whose
-    messages all share a value is that value, the sequence numbers the first when they count
-    up by one, and the count of messages ends the record (see `_expanded`)."""
-    _ids, ep_nos, seqs, types, _bodies, sent, arrived = zip(*rows, strict=True)
-    n, first = len(seqs), seqs[0]
+    """One committed group, as columns. `runs` are received runs (`actors.runs.Run`: first
+    queuing order, endpoint no, first seq, message type, bodies, sent_at, arrived_at); bodies
+    are not kept. A column whose messages all share a value is that value, the sequence
+    numbers the first when they count up by one, and the count of messages ends the record
+    (see `_expanded`). A group of one run is encoded without a list per message."""
+    if len(runs) == 1:
+        _, ep, seq, mt, bodies, sent, arrived = runs[0]
+        n = len(bodies)
+        seqs = seq if seq >= 0 or n == 1 else [-1] * n
+        return [broker_id, queue, received_at, committed_at, dict(senders), ep, seqs, mt, sent,
+                arrived, n]  # fmt: skip
+    ep_nos: list[int] = []
+    seq_list: list[int] = []
+    types: list[str] = []
+    sent_at: list[float] = []
+    arrived_at: list[float] = []
+    for _, ep, seq, mt, bodies, sent, arrived in runs:
+        k = len(bodies)
+        ep_nos += [ep] * k
+        seq_list += range(seq, seq + k) if seq >= 0 else [-1] * k
+        types += [mt] * k
+        sent_at += [sent] * k
+        arrived_at += [arrived] * k
+    n, first = len(seq_list), seq_list[0]
     return [
         broker_id,
         queue,
@@ -78,10 +96,10 @@ def encode_group(
         committed_at,
         dict(senders),
         one_or_all(ep_nos),
-        first if seqs == tuple(range(first, first + n)) else seqs,
+        first if seq_list == list(range(first, first + n)) else seq_list,
         one_or_all(types),
-        one_or_all(sent),
-        one_or_all(arrived),
+        one_or_all(sent_at),
+        one_or_all(arrived_at),
         n,
     ]
 

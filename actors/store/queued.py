@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from actors.runs import Run
 from actors.store import segments
 from actors.store.file import Connection, marks, parts
 from actors.store.savepoints import HeldWrites
@@ -43,19 +44,23 @@ class QueuedMessages:
         if not self.writes.hold(INSERT_SEGMENTS, segs):
             self.db.executemany(INSERT_SEGMENTS, segs)
 
-    def fetch_group(
-        self, group_no: int, limit: int | None, after_id: int = 0
-    ) -> list[tuple[Any, ...]]:
-        """A group's waiting messages in queue order (after `after_id`), as MESSAGE_COLUMNS."""
-        out: list[tuple[Any, ...]] = []
+    def fetch_group(self, group_no: int, limit: int | None, after_id: int = 0) -> list[Run]:
+        """A group's waiting messages in queue order (after `after_id`), at most `limit`, as
+        received runs (`actors.runs.Run`)."""
+        out: list[Run] = []
+        left = limit
         for seg in self.db.execute(
             "SELECT first_id, endpoint_no, taken_to, parts FROM segments "
             "WHERE group_no=? AND last_id>? AND taken_to<last_id ORDER BY first_id LIMIT ?",
             (group_no, after_id, -1 if limit is None else limit),
         ).fetchall():
-            out += segments.waiting_rows(seg, after_id)
-            if limit is not None and len(out) >= limit:
-                return out[:limit]
+            for run in segments.waiting_runs(seg, after_id):
+                if left is not None:
+                    if len(run[4]) >= left:
+                        out.append((*run[:4], run[4][:left], *run[5:]))
+                        return out
+                    left -= len(run[4])
+                out.append(run)
         return out
 
     def remove_received(self, ranges: Sequence[tuple[int, int]], retain: bool) -> None:

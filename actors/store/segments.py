@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from actors.packing import one_or_all, packb
+from actors.runs import Run, runs_of
 
 # A segment ends at this many messages or bytes of bodies, so that a receive of a few of its
 # messages, or the update that marks them received, never handles a large row.
@@ -37,7 +38,7 @@ MAX_BYTES = 64 << 10
 # arrived_at); its messages have ids and sequence numbers first_id, first_seq and on (a
 # sequence of -1, the broker's own message, stays -1). A segment row: (first_id, last_id,
 # group_no, endpoint_no, taken_to, kept, parts).
-Run = Sequence[Any]
+StoredRun = Sequence[Any]
 SegmentRow = tuple[int, int, int, int, int, int, bytes]
 
 
@@ -48,13 +49,13 @@ def run_of(row: Sequence[Any]) -> tuple[Any, ...]:
     return (i, group, endpoint, seq, mt, [body], status, sent, arrived)
 
 
-def segments(runs: Sequence[Run]) -> list[SegmentRow]:
+def segments(runs: Sequence[StoredRun]) -> list[SegmentRow]:
     """The runs of one transaction as segment rows, in the runs' order: a run that goes on
     from the one before (same group, endpoint and status, the next id) joins its segment, up
     to the limits; a longer run is cut. Received runs (status 1, a retention queue's) are
     taken and kept."""
     out: list[SegmentRow] = []
-    pieces: list[tuple[Run, int, int]] = []  # (run, start, end): what the open segment holds
+    pieces: list[tuple[StoredRun, int, int]] = []  # (run, start, end): what the open segment holds
     n = size = 0
     for run in runs:
         bodies = run[5]
@@ -101,7 +102,7 @@ def room_for(ends: list[int], start: int, messages: int, nbytes: int) -> int:
     return bisect_right(ends, before + nbytes, start, min(len(ends), start + messages)) - start
 
 
-def _segment(pieces: list[tuple[Run, int, int]]) -> SegmentRow:
+def _segment(pieces: list[tuple[StoredRun, int, int]]) -> SegmentRow:
     first_run, first_start, _ = pieces[0]
     last_run, _, last_end = pieces[-1]
     first_id = first_run[0] + first_start
@@ -118,7 +119,7 @@ def _segment(pieces: list[tuple[Run, int, int]]) -> SegmentRow:
     )
 
 
-def pack(pieces: Sequence[tuple[Run, int, int]]) -> bytes:
+def pack(pieces: Sequence[tuple[StoredRun, int, int]]) -> bytes:
     """[bodies, types, seqs, sent, arrived] of the pieces' messages; each of the last four one
     value when the same for every message (seqs: the first, when they count up by one)."""
     if len(pieces) == 1:  # one send's messages, or some of them: no list per field
@@ -152,16 +153,27 @@ def unpack(first_id: int, parts: bytes) -> Iterator[tuple[int, int, str, bytes, 
     return zip(range(first_id, first_id + n), seqs, types, bodies, sent, arrived, strict=True)
 
 
-def waiting_rows(
-    segment: Sequence[Any], after_id: int = 0
-) -> Iterator[tuple[int, int, int, str, bytes, float, float]]:
-    """A segment's waiting messages after `after_id`, as receive rows: (id, endpoint_no, seq,
-    type, body, sent_at, arrived_at). `segment`: (first_id, endpoint_no, taken_to, parts)."""
+def waiting_runs(segment: Sequence[Any], after_id: int = 0) -> list[Run]:
+    """A segment's waiting messages after `after_id`, as received runs (`actors.runs.Run`): one
+    when its messages share their type and times (the usual case), else as many as it takes.
+    `segment`: (first_id, endpoint_no, taken_to, parts)."""
     first_id, endpoint_no, taken_to, parts = segment
-    start = max(taken_to, after_id)
-    for i, seq, mt, body, sent, arrived in unpack(first_id, parts):
-        if i > start:
-            yield (i, endpoint_no, seq, mt, body, sent, arrived)
+    bodies, types, seqs, sent, arrived = msgpack.unpackb(parts, raw=False)
+    start = max(taken_to, after_id, first_id - 1) + 1 - first_id  # the first waiting one
+    if start >= len(bodies):
+        return []
+    if not any(type(x) is list for x in (types, seqs, sent, arrived)):
+        return [
+            (first_id + start, endpoint_no, seqs + start if seqs >= 0 else -1, types,
+             bodies[start:], sent, arrived)
+        ]  # fmt: skip
+    return runs_of(
+        [
+            (i, endpoint_no, seq, mt, body, se, a)
+            for i, seq, mt, body, se, a in unpack(first_id, parts)
+            if i >= first_id + start
+        ]
+    )
 
 
 def cut(row: Sequence[Any], at: int) -> tuple[SegmentRow, SegmentRow]:

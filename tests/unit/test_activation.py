@@ -129,8 +129,7 @@ def received_bodies(core, queue: str) -> list[bytes]:
 def make_group(gid: str, bodies: list[bytes], state: bytes | None = None) -> ReceivedGroup:
     """A received group as the broker hands it out: one conversation "h-<gid>"."""
     eps = {1: (f"h-{gid}", f"c-{gid}", "Target", "Init", "C")}
-    rows_ = [(i + 1, 1, i, "Req", b, 1.0, 2.0) for i, b in enumerate(bodies)]
-    return ReceivedGroup(gid, f"lock-{gid}", state, eps, rows_)
+    return ReceivedGroup(gid, f"lock-{gid}", state, eps, [(1, 1, 0, "Req", list(bodies), 1.0, 2.0)])
 
 
 # --- readers_to_start --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.runs import runs_of
 from actors.store.audit import encode_group, encode_run, pack, records, sender
 
 BROKER = "broker-1"
@@ -48,10 +49,12 @@ def test_a_commits_groups_come_back_message_for_message(groups):
             10.0,
             11.0,
             SENDERS,
-            [
-                (i, ep, seq, mt, b"body", sent, arrived)
-                for i, (ep, seq, mt, sent, arrived) in enumerate(rows)
-            ],
+            runs_of(
+                [
+                    (i, ep, seq, mt, b"body", sent, arrived)
+                    for i, (ep, seq, mt, sent, arrived) in enumerate(rows)
+                ]
+            ),
         )  # fmt: skip
         for rows in groups
     ]
@@ -70,6 +73,15 @@ def test_a_commits_groups_come_back_message_for_message(groups):
         for r in got
     ] == expected
     assert all(r["message_id"].endswith(f"/i/{r['sequence_number']}") for r in got)
+
+
+def test_a_group_of_one_run_is_stored_as_one_value_per_column():
+    run = (100, 2, 7, "Order", [b"a", b"b", b"c"], 1.5, 3.0)
+    [stored] = msgpack.unpackb(pack([encode_group(BROKER, "Q", 10.0, 11.0, SENDERS, [run])]),
+                               raw=False, strict_map_key=False)  # fmt: skip
+    assert stored[5:] == [2, 7, "Order", 1.5, 3.0, 3]
+    assert [r["sequence_number"] for r in records(pack([encode_group(BROKER, "Q", 10.0, 11.0,
+            SENDERS, [run])]))] == [7, 8, 9]  # fmt: skip
 
 
 def test_a_run_passed_on_is_stored_as_one_value_per_column_and_read_as_its_messages():

@@ -185,10 +185,10 @@ def _group(group_id: str = "g-1", state: bytes | None = b"st") -> ReceivedGroup:
             3: ("h-3", "c-3", "Here", "There", "C"),
             5: ("h-5", "c-5", "Here", "Elsewhere", DEFAULT),
         },
-        rows=[
-            (10, 3, 0, "M", b"first", 1.0, 2.0),
-            (11, 5, 0, ERROR, error_body(42, "bad order"), 3.0, 4.0),
-            (12, 3, 1, "M", b"", 5.0, 6.0),
+        runs=[
+            (10, 3, 0, "M", [b"first"], 1.0, 2.0),
+            (11, 5, 0, ERROR, [error_body(42, "bad order")], 3.0, 4.0),
+            (12, 3, 1, "M", [b""], 5.0, 6.0),
         ],
     )
 
@@ -249,6 +249,22 @@ def test_a_received_groups_messages_are_made_once_and_travel_with_it():
     copy = pickle.loads(pickle.dumps(group))
     assert copy == group and copy.messages == messages
     assert "messages" not in pickle.loads(pickle.dumps(_group())).__dict__  # not made yet
+
+
+def test_a_received_run_is_its_messages_numbered_from_its_first():
+    group = ReceivedGroup(
+        "g-1", "lock-1", None, {3: ("h-3", "c-3", "Here", "There", "C")},
+        [(20, 3, 5, "M", [b"a", b"b"], 1.0, 2.0), (22, 3, -1, "EndDialog", [b"", b""], 3.0, 4.0)],
+    )  # fmt: skip
+    assert len(group) == 4
+    assert [(m.queuing_order, m.sequence_number, m.body) for m in group.messages] == [
+        (20, 5, b"a"), (21, 6, b"b"), (22, -1, b""), (23, -1, b""),
+    ]  # fmt: skip
+    assert (
+        group.rows[1] == (21, 3, 6, "M", b"b", 1.0, 2.0) and group.message(3) == group.messages[3]
+    )
+    back = unpack_received(pack_received([group]))[0]
+    assert back.messages == group.messages
 
 
 def test_a_received_group_with_no_rows_has_no_messages():

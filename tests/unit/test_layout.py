@@ -26,7 +26,7 @@ MAX_LINES = 500
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the handful of helpers every layer uses (and the finder that loads compiled modules); each
     # imports nothing of the project
-    ("helpers", ("actors.errors", "actors.ids", "actors.packing", "actors.counters",
+    ("helpers", ("actors.errors", "actors.ids", "actors.packing", "actors.runs", "actors.counters",
                  "actors.compiled")),
     # catalog, names, bodies, checks, limits, routes, dialogs; certificates and session keys
     ("model", ("actors.model", "actors.security")),

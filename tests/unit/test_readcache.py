@@ -6,6 +6,7 @@ from actors.calls.envelope import Begin, Send
 from actors.core import Limits
 from actors.core.readcache import ReadCache
 from actors.model.catalog import Queue, Service
+from actors.runs import rows_of
 
 
 def run(first: int, n: int = 1, group: int = 1, body: bytes = b"x") -> tuple:
@@ -13,22 +14,45 @@ def run(first: int, n: int = 1, group: int = 1, body: bytes = b"x") -> tuple:
     return (first, group, 7, first, "T", [body] * n, 0, 1.0, 1.0)
 
 
+def take(cache, group, skip, limit):
+    """What `cache.take` answers, a row per message."""
+    runs = cache.take(group, skip, limit)
+    return None if runs is None else rows_of(runs)
+
+
 def test_a_group_is_cached_only_from_a_moment_it_had_nothing_waiting():
     cache = ReadCache(1 << 20)
     cache.arrived(1, run(1), 65, was_empty=False)
-    assert 1 not in cache and cache.take(1, 0, None) is None
+    assert 1 not in cache and take(cache, 1, 0, None) is None
     cache.arrived(1, run(2), 65, was_empty=True)
     cache.arrived(1, run(3), 65, was_empty=False)
-    assert [r[0] for r in cache.take(1, 0, None)] == [2, 3]
-    assert cache.take(1, 0, None)[0] == (2, 7, 2, "T", b"x", 1.0, 1.0)  # a receive row
+    assert [r[0] for r in take(cache, 1, 0, None)] == [2, 3]
+    assert take(cache, 1, 0, None)[0] == (2, 7, 2, "T", b"x", 1.0, 1.0)  # a receive row
+    # by the run: a send's messages are one run, whatever their number
+    assert cache.take(1, 0, None) == [
+        (2, 7, 2, "T", [b"x"], 1.0, 1.0),
+        (3, 7, 3, "T", [b"x"], 1.0, 1.0),
+    ]
+
+
+def test_a_take_answers_a_run_per_send_sliced_at_its_skip_and_limit():
+    cache = ReadCache(1 << 20)
+    cache.arrived(1, run(1, 4), 4 * 65, was_empty=True)
+    cache.arrived(1, run(5, 3), 3 * 65, was_empty=False)
+    assert cache.take(1, 0, None) == [(1, 7, 1, "T", [b"x"] * 4, 1.0, 1.0),
+                                      (5, 7, 5, "T", [b"x"] * 3, 1.0, 1.0)]  # fmt: skip
+    assert cache.take(1, 2, 3) == [(3, 7, 3, "T", [b"x"] * 2, 1.0, 1.0),
+                                   (5, 7, 5, "T", [b"x"], 1.0, 1.0)]  # fmt: skip
+    cache.arrived(1, (8, 1, 7, -1, "EndDialog", [b""], 0, 2.0, 2.0), 64, was_empty=False)
+    assert cache.take(1, 7, None) == [(8, 7, -1, "EndDialog", [b""], 2.0, 2.0)]
 
 
 def test_take_skips_and_limits_and_consumed_removes_the_oldest():
     cache = ReadCache(1 << 20)
     cache.arrived(1, run(0, 5), 5 * 65, was_empty=True)
-    assert [r[0] for r in cache.take(1, 1, 2)] == [1, 2]
+    assert [r[0] for r in take(cache, 1, 1, 2)] == [1, 2]
     cache.consumed(1, 2)
-    assert [r[0] for r in cache.take(1, 0, None)] == [2, 3, 4]
+    assert [r[0] for r in take(cache, 1, 0, None)] == [2, 3, 4]
     assert cache.bytes == 3 * 65
     cache.consumed(1, 3)
     assert 1 not in cache and cache.bytes == 0
@@ -38,12 +62,12 @@ def test_takes_and_consumption_cross_the_runs_of_several_sends():
     cache = ReadCache(1 << 20)
     for first, n in ((0, 3), (3, 1), (4, 4)):
         cache.arrived(1, run(first, n), n * 65, was_empty=first == 0)
-    assert [r[0] for r in cache.take(1, 2, 3)] == [2, 3, 4]
+    assert [r[0] for r in take(cache, 1, 2, 3)] == [2, 3, 4]
     cache.consumed(1, 4)  # the first two runs
-    assert [r[0] for r in cache.take(1, 0, None)] == [4, 5, 6, 7]
+    assert [r[0] for r in take(cache, 1, 0, None)] == [4, 5, 6, 7]
     cache.consumed(1, 1)  # one of the last run's
-    assert [r[0] for r in cache.take(1, 1, None)] == [6, 7] and cache.bytes == 3 * 65
-    assert [(r[0], r[2]) for r in cache.take(1, 0, 1)] == [(5, 5)]
+    assert [r[0] for r in take(cache, 1, 1, None)] == [6, 7] and cache.bytes == 3 * 65
+    assert [(r[0], r[2]) for r in take(cache, 1, 0, 1)] == [(5, 5)]
 
 
 def test_a_group_that_would_overflow_the_cache_is_dropped_not_half_cached():

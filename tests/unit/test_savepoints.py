@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from actors.runs import rows_of
 from actors.store.database import Store
 from tests.unit.conftest import stored_messages
 
@@ -97,9 +98,9 @@ def test_a_statement_sees_what_earlier_units_and_its_own_unit_hold(store):
         with store.savepoint():
             store.insert_messages([_msg(2)])
             # a read in the same unit: the savepoint opens, and every held write runs first
-            assert [r[0] for r in store.fetch_group(1, None)] == [1, 2]
+            assert [r[0] for r in rows_of(store.fetch_group(1, None))] == [1, 2]
             store.insert_messages([_msg(3)])  # after its first statement: runs at once
-            assert [r[0] for r in store.fetch_group(1, None)] == [1, 2, 3]
+            assert [r[0] for r in rows_of(store.fetch_group(1, None))] == [1, 2, 3]
 
 
 def test_a_unit_that_ran_a_statement_is_rolled_back_alone_held_writes_included(store, statements):

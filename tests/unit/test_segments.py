@@ -6,7 +6,8 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.store.segments import MAX_MESSAGES, cut, run_of, unpack, waiting_rows
+from actors.runs import rows_of
+from actors.store.segments import MAX_MESSAGES, cut, run_of, unpack, waiting_runs
 from actors.store.segments import segments as segments_of_runs
 
 
@@ -72,12 +73,32 @@ def test_a_long_run_is_cut_at_the_segment_limit():
     ]
 
 
-def test_waiting_rows_skip_what_was_taken_and_what_came_before_a_position():
+def test_waiting_runs_skip_what_was_taken_and_what_came_before_a_position():
     [seg] = segments([_row(i) for i in range(1, 6)])
     first, _, _, endpoint, _, _, parts = seg
-    assert [r[0] for r in waiting_rows((first, endpoint, 2, parts))] == [3, 4, 5]
-    assert [r[0] for r in waiting_rows((first, endpoint, 2, parts), after_id=4)] == [5]
-    assert next(waiting_rows((first, endpoint, 0, parts))) == (1, 1, 1, "M", b"m1", 1.0, 2.0)
+    assert waiting_runs((first, endpoint, 2, parts)) == [
+        (3, 1, 3, "M", [b"m3", b"m4", b"m5"], 1.0, 2.0)
+    ]
+    assert waiting_runs((first, endpoint, 2, parts), after_id=4) == [
+        (5, 1, 5, "M", [b"m5"], 1.0, 2.0)
+    ]
+    assert waiting_runs((first, endpoint, 5, parts)) == []
+
+
+def test_a_segment_whose_messages_differ_is_waiting_as_as_many_runs_as_it_takes():
+    rows = [
+        _row(1, seq=4, mt="A", sent=1.0),
+        _row(2, seq=5, mt="A", sent=1.0),
+        _row(3, seq=-1, mt="EndDialog", sent=1.5),
+        _row(4, seq=6, mt="A", sent=1.5),
+    ]
+    [seg] = segments([(*r[:6], 0, *r[7:]) for r in rows])
+    first, _, _, endpoint, _, _, parts = seg
+    runs = waiting_runs((first, endpoint, 1, parts))
+    assert [len(r[4]) for r in runs] == [1, 1, 1]
+    assert rows_of(runs) == [
+        (i, ep, seq, mt, b, se, a) for i, _, ep, seq, mt, b, _, se, a in rows[1:]
+    ]
 
 
 def test_a_cut_segment_is_two_that_hold_the_same_messages_and_marks():

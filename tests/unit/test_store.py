@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from actors.errors import InvalidArgument, StoreError
+from actors.runs import rows_of
 from actors.store.database import ENDPOINT_COLUMNS, Store
 from actors.store.segments import run_of
 from tests.unit.conftest import stored_messages
@@ -145,7 +146,7 @@ def test_a_transaction_commits_when_its_block_ends(store):
         store.set_meta("k", "v")
         store.insert_messages([_msg(1)])
     assert store.get_meta("k") == "v"
-    assert _ids(store.fetch_group(1, None)) == [1]
+    assert _ids(rows_of(store.fetch_group(1, None))) == [1]
 
 
 def test_a_transaction_rolls_back_everything_when_its_block_raises(store):
@@ -383,19 +384,23 @@ def test_fetch_group_returns_waiting_messages_of_the_group_in_queue_order(store)
     store.insert_messages(
         [_msg(5), _msg(2), _msg(3, group=2), _msg(4, status=RECEIVED), _msg(1, endpoint=2)]
     )
-    assert store.fetch_group(1, None) == [_fetched(1, endpoint=2), _fetched(2), _fetched(5)]
+    assert rows_of(store.fetch_group(1, None)) == [
+        _fetched(1, endpoint=2),
+        _fetched(2),
+        _fetched(5),
+    ]
 
 
 def test_fetch_group_returns_at_most_limit_messages(store):
     store.insert_messages([_msg(i) for i in range(1, 6)])
-    assert _ids(store.fetch_group(1, 2)) == [1, 2]
+    assert _ids(rows_of(store.fetch_group(1, 2))) == [1, 2]
 
 
 def test_fetch_group_starts_after_the_given_id(store):
     store.insert_messages([_msg(i) for i in range(1, 6)])
-    assert _ids(store.fetch_group(1, None, after_id=3)) == [4, 5]
-    assert _ids(store.fetch_group(1, 1, after_id=3)) == [4]
-    assert store.fetch_group(1, None, after_id=5) == []
+    assert _ids(rows_of(store.fetch_group(1, None, after_id=3))) == [4, 5]
+    assert _ids(rows_of(store.fetch_group(1, 1, after_id=3))) == [4]
+    assert rows_of(store.fetch_group(1, None, after_id=5)) == []
 
 
 def test_remove_received_without_retention_deletes_the_waiting_messages_in_range(store):
@@ -404,7 +409,7 @@ def test_remove_received_without_retention_deletes_the_waiting_messages_in_range
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(6, group=2)])
     store.remove_received([(1, 3)], retain=False)
     assert _ids(_all_messages(store)) == [4, 5, 6]
-    assert _ids(store.fetch_group(1, None)) == [4, 5]
+    assert _ids(rows_of(store.fetch_group(1, None))) == [4, 5]
     assert store.waiting_by_group() == [(1, "Q", 2, 4), (2, "Q", 1, 6)]
     store.remove_received([(1, 5)], retain=False)
     assert _ids(_all_messages(store)) == [6]
@@ -413,11 +418,11 @@ def test_remove_received_without_retention_deletes_the_waiting_messages_in_range
 def test_remove_received_with_retention_marks_the_messages_received_and_keeps_them(store):
     store.insert_messages([_msg(i) for i in range(1, 6)] + [_msg(13, group=2)])
     store.remove_received([(1, 3)], retain=True)
-    assert _ids(store.fetch_group(1, None)) == [4, 5]
+    assert _ids(rows_of(store.fetch_group(1, None))) == [4, 5]
     statuses = {row[0]: row[6] for row in _all_messages(store)}
     assert statuses == {1: RECEIVED, 2: RECEIVED, 3: RECEIVED, 4: WAITING, 5: WAITING, 13: WAITING}
     store.remove_received([(1, 5)], retain=True)
-    assert store.fetch_group(1, None) == [] and len(_all_messages(store)) == 6
+    assert rows_of(store.fetch_group(1, None)) == [] and len(_all_messages(store)) == 6
 
 
 def test_a_range_over_several_conversations_segments_takes_each_ones_oldest(store):
@@ -428,7 +433,7 @@ def test_a_range_over_several_conversations_segments_takes_each_ones_oldest(stor
     assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (3,)
     store.remove_received([(1, 5)], retain=False)
     assert _ids(_all_messages(store)) == [6]
-    assert store.fetch_group(1, None) == [_fetched(6)]
+    assert rows_of(store.fetch_group(1, None)) == [_fetched(6)]
     assert store.waiting_by_group() == [(1, "Q", 1, 6)]
 
 
@@ -443,7 +448,7 @@ def test_a_queue_whose_retention_changes_applies_the_new_rule_to_what_is_receive
     statuses = {row[0]: row[6] for row in _all_messages(store)}
     kept = [1, 2] if first_kept else [3, 4]
     assert statuses == {**dict.fromkeys(kept, RECEIVED), 5: WAITING, 6: WAITING}
-    assert _ids(store.fetch_group(1, None)) == [5, 6]
+    assert _ids(rows_of(store.fetch_group(1, None))) == [5, 6]
 
 
 def test_one_send_of_many_messages_is_a_few_rows_each_within_the_segment_limits(store):
@@ -453,12 +458,12 @@ def test_one_send_of_many_messages_is_a_few_rows_each_within_the_segment_limits(
     store.insert_messages([(1, 1, 1, 0, "M", [b"m"] * n, WAITING, 1.0, 1.0)])  # one send
     rows = store.db.execute("SELECT first_id, last_id FROM segments ORDER BY first_id").fetchall()
     assert len(rows) == 4 and rows[-1] == (n, n)
-    got = store.fetch_group(1, None)
+    got = rows_of(store.fetch_group(1, None))
     assert _ids(got) == list(range(1, n + 1)) and [r[2] for r in got] == list(range(n))
     big = [bytes(MAX_BYTES // 2 + 1)] * 3  # two of them are over the bytes limit together
     store.insert_messages([(n + 1, 1, 1, n, "M", big, WAITING, 1.0, 1.0)])
     assert store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (7,)
-    assert [r[2] for r in store.fetch_group(1, None)[-3:]] == [n, n + 1, n + 2]
+    assert [r[2] for r in rows_of(store.fetch_group(1, None))[-3:]] == [n, n + 1, n + 2]
 
 
 def test_remove_received_leaves_other_groups_alone(store):
@@ -474,9 +479,9 @@ def test_remove_received_takes_several_groups_ranges_in_one_call(store, retain):
     store.insert_messages([_msg(1), _msg(2), _msg(3, group=2), _msg(4, group=3), _msg(5)])
     store.insert_messages([_msg(6, group=2), _msg(7, group=2)])
     store.remove_received([(1, 2), (2, 6)], retain=retain)
-    assert _ids(store.fetch_group(1, None)) == [5]
-    assert _ids(store.fetch_group(2, None)) == [7]
-    assert _ids(store.fetch_group(3, None)) == [4]
+    assert _ids(rows_of(store.fetch_group(1, None))) == [5]
+    assert _ids(rows_of(store.fetch_group(2, None))) == [7]
+    assert _ids(rows_of(store.fetch_group(3, None))) == [4]
     left = _ids(_all_messages(store))
     assert left == ([1, 2, 3, 4, 5, 6, 7] if retain else [4, 5, 7])
 
@@ -513,7 +518,7 @@ def test_move_messages_moves_an_endpoints_messages_and_returns_the_waiting_ids(s
     assert store.move_messages(1, old_group=1, new_group=9) == [1, 3]
     groups = {row[0]: row[1] for row in _all_messages(store)}
     assert groups == {1: 9, 2: 9, 3: 9, 4: 1}
-    assert _ids(store.fetch_group(9, None)) == [1, 3]
+    assert _ids(rows_of(store.fetch_group(9, None))) == [1, 3]
 
 
 def test_waiting_by_group_counts_waiting_messages_and_finds_the_first(store):
