@@ -6,8 +6,10 @@ operations, or many received groups) is one msgpack blob, so one actor call carr
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 import msgpack
@@ -382,11 +384,20 @@ class ReceivedGroup:
         return out
 
     def message(self, i: int) -> Message:
-        """`messages[i]`, made alone (a handler that walks `rows` makes only those it needs)."""
-        qo, ep, seq, mt, body, sent, arrived = self.rows[i]
+        """`messages[i]`, made alone (a handler that walks the runs makes only those it needs)."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"message {i} of a group of {len(self)}")
+        r = bisect_right(self._starts, i) - 1
+        qo, ep, seq, mt, bodies, sent, arrived = self.runs[r]
+        k = i - self._starts[r]
         handle, conv, svc, far, contract = self.endpoints[ep]
-        return Message(qo, handle, conv, self.group_id, mt, body, seq, svc, far, contract, sent,
-                       arrived)  # fmt: skip
+        return Message(qo + k, handle, conv, self.group_id, mt, bodies[k],
+                       seq + k if seq >= 0 else -1, svc, far, contract, sent, arrived)  # fmt: skip
+
+    @_computed_once
+    def _starts(self) -> list[int]:
+        """The index of each run's first message."""
+        return [0, *accumulate(len(r[4]) for r in self.runs)][:-1]
 
     def __len__(self) -> int:
         runs = self.runs

@@ -124,22 +124,25 @@ def route_messages(group: ReceivedGroup, ctx: Any) -> None:
     cfg = RouterConfig.from_options(ctx.options)
     pairs: dict[str, dict[str, Any]] = json.loads(ctx.state) if ctx.state else {}
     out = _Forward(ctx)
-    rows, start = group.rows, 0
-    while start < len(rows):
-        # a run of one dialog's messages of one type: the first is routed, the rest follow it
-        ep, mt = rows[start][1], rows[start][3]
-        end = start + 1
-        while end < len(rows) and rows[end][1] == ep and rows[end][3] == mt:
-            end += 1
-        _route(cfg, pairs, group, out, group.message(start))
-        if end > start + 1 and mt not in (DIALOG_TIMER, END_DIALOG, ERROR):
+    runs, i, index = group.runs, 0, 0
+    while i < len(runs):
+        # runs of one dialog's messages of one type: the first message is routed, the rest
+        # follow it, their bodies as they came (no object per message)
+        ep, mt = runs[i][1], runs[i][3]
+        j = i + 1
+        while j < len(runs) and runs[j][1] == ep and runs[j][3] == mt:
+            j += 1
+        count = sum(len(r[4]) for r in runs[i:j])
+        _route(cfg, pairs, group, out, group.message(index))
+        if count > 1 and mt not in (DIALOG_TIMER, END_DIALOG, ERROR):
             target = _forward_to(pairs, group.endpoints[ep][0])
             if target is not None:
-                out.send_many(target, mt, [row[4] for row in rows[start + 1 : end]])
-        elif end > start + 1:
-            for i in range(start + 1, end):
-                _route(cfg, pairs, group, out, group.message(i))
-        start = end
+                out.send_many(target, mt, [b for r in runs[i:j] for b in r[4]][1:])
+        elif count > 1:
+            for k in range(index + 1, index + count):
+                _route(cfg, pairs, group, out, group.message(k))
+        index += count
+        i = j
     out.flush()
     _count(cfg.service, forwarded=out.forwarded)
     live = {h: p for h, p in pairs.items() if not (p["in_ended"] and p["out_ended"])}

@@ -260,9 +260,10 @@ def test_a_received_run_is_its_messages_numbered_from_its_first():
     assert [(m.queuing_order, m.sequence_number, m.body) for m in group.messages] == [
         (20, 5, b"a"), (21, 6, b"b"), (22, -1, b""), (23, -1, b""),
     ]  # fmt: skip
-    assert (
-        group.rows[1] == (21, 3, 6, "M", b"b", 1.0, 2.0) and group.message(3) == group.messages[3]
-    )
+    assert group.rows[1] == (21, 3, 6, "M", b"b", 1.0, 2.0)
+    assert [group.message(i) for i in range(4)] == group.messages
+    with pytest.raises(IndexError):
+        group.message(4)
     back = unpack_received(pack_received([group]))[0]
     assert back.messages == group.messages
 
