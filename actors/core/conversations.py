@@ -235,16 +235,8 @@ class Conversations(Part):
             )
         validator = st.catalog.validator(mt)
         limit = st.limits.max_body_bytes
-        bodies = op.bodies
-        if len(bodies) == 1 and type(bodies[0]) is bytes:  # most sends: no loops
-            biggest = len(bodies[0])
-        else:
-            for body in bodies:
-                if not isinstance(body, bytes):
-                    raise InvalidArgument(
-                        f"message bodies must be bytes, got {type(body).__name__}"
-                    )
-            biggest = max(map(len, bodies), default=0)
+        bodies = op.bodies  # bytes, each: `Send` checked them when it was made
+        biggest = len(bodies[0]) if len(bodies) == 1 else max(map(len, bodies), default=0)
         if biggest > limit:
             raise BodyTooLarge(
                 f"a {mt!r} body is {biggest:,} bytes; this broker's max_body_bytes is "
