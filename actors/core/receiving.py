@@ -177,8 +177,8 @@ class Receiving(Part):
             raise InvalidArgument(f"lock(s) {twice} are named more than once in one settle")
         committing = self.held(commit)
         rolling = self.held(rollback)
-        by_gid = {st.groups[lk.group].group_id: lk for lk in committing}
         states = checks.states(states)
+        by_gid = {st.groups[lk.group].group_id: lk for lk in committing} if states else {}
         for gid in states:
             if gid not in by_gid:
                 raise LockNotHeld(
@@ -191,11 +191,15 @@ class Receiving(Part):
 
         def fn(w: Changes) -> dict[str, Any]:
             received: dict[bool, list[tuple[int, int]]] = {}  # by the queue's retention
+            retention: dict[str, bool] = {}
+            # none was settled before (`held`): undone, none is
+            w.undo.append(lambda: [setattr(lk, "settled", False) for lk in committing])
             for lk in committing:
                 lk.settled = True
-                w.undo.append(lambda lk=lk: setattr(lk, "settled", False))
                 if lk.count:
-                    retain = st.catalog.queue(lk.queue).retention
+                    retain = retention.get(lk.queue)
+                    if retain is None:
+                        retain = retention[lk.queue] = st.catalog.queue(lk.queue).retention
                     received.setdefault(retain, []).append((lk.group, lk.last_id))
                     w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
                     w.audit.append(self._audit_group(lk, w.now))
@@ -230,17 +234,16 @@ class Receiving(Part):
 
     def _release(self, locks: Sequence[Lock], committed: bool) -> None:
         st = self.state
-        queues = set()
+        queues: dict[str, Any] = {}
         for lk in locks:
             st.locks.release(lk)
-            idx = st.queue_index(lk.queue)
-            if committed:
-                st.poison.committed(lk.queue)
-                idx.make_ready(lk.group, lk.last_id + 1)
-            else:
-                idx.make_ready(lk.group, lk.ready_key)
-            queues.add(lk.queue)
+            idx = queues.get(lk.queue)
+            if idx is None:
+                idx = queues[lk.queue] = st.queue_index(lk.queue)
+            idx.make_ready(lk.group, lk.last_id + 1 if committed else lk.ready_key)
         for queue in queues:  # once per queue, however many of its groups were released
+            if committed:
+                st.poison.committed(queue)
             self.uow.notify(queue)
 
     def _committed(self, locks: Sequence[Lock], messages: int) -> None:

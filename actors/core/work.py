@@ -192,10 +192,10 @@ class UnitOfWork:
                     g.looked_up = set(ids)
                 yield
                 eps = self.state.endpoints
-                live = [eps[no] for no in g.touched if no in eps]
+                live = [e for e in map(eps.get, g.touched) if e is not None]
                 if live:
                     self.store.update_endpoint_seqs([(e.send_seq, e.recv_seq, e.no) for e in live])
-                changed = [endpoint_settings(eps[no]) for no in g.settled if no in eps]
+                changed = [endpoint_settings(e) for e in map(eps.get, g.settled) if e is not None]
                 if changed:
                     self.store.update_endpoints(changed)
                 if g.requests:
@@ -304,19 +304,23 @@ class UnitOfWork:
                 store.forget_reruns(ep.handle for ep in w.new_endpoints
                                     if ep.is_initiator and not ep.rerunnable)  # fmt: skip
         eps = st.endpoints
-        changed = [no for no in w.touched if no not in dead and no in eps]
+        changed = {no: ep for no in w.touched if no not in dead and (ep := eps.get(no)) is not None}
         # of those, the ones whose row changed beyond their sequence numbers (few: a send
         # changes only those)
         settled = w.settled = [
-            no for no in changed if endpoint_settings(eps[no]) != endpoint_settings(w.touched[no])
+            no
+            for no, ep in changed.items()
+            if endpoint_settings(ep) != endpoint_settings(w.touched[no])
         ]
         if self._group is not None:  # written once, when the group ends
             self._group.touched.update(changed)
             self._group.settled.update(settled)
         elif changed:
-            store.update_endpoint_seqs([(eps[no].send_seq, eps[no].recv_seq, no) for no in changed])
+            store.update_endpoint_seqs(
+                [(ep.send_seq, ep.recv_seq, no) for no, ep in changed.items()]
+            )
             if settled:
-                store.update_endpoints([endpoint_settings(eps[no]) for no in settled])
+                store.update_endpoints([endpoint_settings(changed[no]) for no in settled])
         if dead:
             gone = self._emptied_groups(w)
             store.delete_endpoints(dead)
