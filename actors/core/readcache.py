@@ -37,6 +37,8 @@ class ReadCache:
         elif self.bytes + nbytes > self.max_bytes:
             self.drop(group)
             return
+        if type(run[5]) is not tuple:  # a receive hands these bodies out: none may change them
+            run = (*run[:5], tuple(run[5]), *run[6:])
         cached.append(run)
         self._sizes[group] += nbytes
         self.bytes += nbytes
