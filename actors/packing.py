@@ -35,3 +35,11 @@ def one_or_all(values: list[Any]) -> Any:
     """A column packed as its one value when every entry has it (the usual case: one message
     type, one time for a run), else the list itself."""
     return values[0] if values.count(values[0]) == len(values) else values
+
+
+def first_or_all(seqs: list[int]) -> int | list[int]:
+    """Sequence numbers packed as the first when they count up by one from it (the usual case:
+    a run), else the list itself. Compared whole: numbers whose ends alone look like a run
+    ([0, 2, 1, 3]) stay a list."""
+    first = seqs[0]
+    return first if seqs == list(range(first, first + len(seqs))) else seqs

@@ -16,6 +16,11 @@ Row = tuple[int, int, int, str, bytes, float, float]
 Run = tuple[int, int, int, str, Sequence[bytes], float, float]
 
 
+def count(runs: Sequence[Run]) -> int:
+    """How many messages `runs` hold."""
+    return len(runs[0][4]) if len(runs) == 1 else sum(len(r[4]) for r in runs)
+
+
 def rows_of(runs: Sequence[Run]) -> list[Row]:
     """The messages of `runs`, a row each."""
     out: list[Row] = []

@@ -22,7 +22,7 @@ from actors.model.catalog import DEFAULT, ERROR, check_name
 from actors.model.dialogs import check_error, parse_error_body
 from actors.model.routing import check_broker_id
 from actors.packing import packb
-from actors.runs import Row, Run, rows_of
+from actors.runs import Row, Run, count, rows_of
 
 MAX_HANDLE = 200  # characters in a conversation handle or group id a caller chooses
 
@@ -362,25 +362,9 @@ class ReceivedGroup:
         for qo, ep, seq, mt, bodies, sent, arrived in self.runs:
             handle, conv, svc, far, contract = eps[ep]
             for i, body in enumerate(bodies):
-                out.append(
-                    new(
-                        Message,
-                        (
-                            qo + i,
-                            handle,
-                            conv,
-                            gid,
-                            mt,
-                            body,
-                            seq + i if seq >= 0 else -1,
-                            svc,
-                            far,
-                            contract,
-                            sent,
-                            arrived,
-                        ),
-                    )  # fmt: skip
-                )
+                row = (qo + i, handle, conv, gid, mt, body, seq + i if seq >= 0 else -1, svc, far,
+                       contract, sent, arrived)  # fmt: skip
+                out.append(new(Message, row))
         return out
 
     def message(self, i: int) -> Message:
@@ -400,8 +384,7 @@ class ReceivedGroup:
         return [0, *accumulate(len(r[4]) for r in self.runs)][:-1]
 
     def __len__(self) -> int:
-        runs = self.runs
-        return len(runs[0][4]) if len(runs) == 1 else sum(len(r[4]) for r in runs)
+        return count(self.runs)
 
 
 def pack_received(groups: Sequence[ReceivedGroup]) -> bytes:

@@ -45,7 +45,7 @@ class ReadCache:
 
     def take(self, group: int, skip: int, limit: int | None) -> list[tuple[Any, ...]] | None:
         """The waiting messages after the first `skip`, as received runs (first id,
-        endpoint_no, first seq, type, bodies, sent_at, arrived_at; `actors.calls.envelope.Run`);
+        endpoint_no, first seq, type, bodies, sent_at, arrived_at; `actors.runs.Run`);
         None if not cached."""
         cached = self._runs.get(group)
         if cached is None:

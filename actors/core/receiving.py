@@ -17,7 +17,7 @@ from actors.core.work import Part, UnitOfWork
 from actors.errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
 from actors.model import checks
 from actors.model.catalog import Queue, to_record
-from actors.runs import Run, rows_of, runs_of
+from actors.runs import Run, count, rows_of, runs_of
 from actors.store import audit
 
 
@@ -105,7 +105,7 @@ class Receiving(Part):
                 lock.first_id = runs[0][0]
             last = runs[-1]
             lock.last_id = last[0] + len(last[4]) - 1
-            lock.count += len(last[4]) if len(runs) == 1 else sum(len(r[4]) for r in runs)
+            lock.count += count(runs)
             lock.audit.append(runs)
         eps = self.state.endpoints
         infos = {}

@@ -33,6 +33,7 @@ from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, REDIRECT, Serv
 from actors.model.code_names import import_code, resolve_handler
 from actors.model.dialogs import MAX_ERROR_DESCRIPTION
 from actors.model.names import check_name
+from actors.runs import count
 
 REDIRECT_TYPE = REDIRECT
 ROUTER_QUEUE = "RouterQueue"  # the routing service's queue on every router replica
@@ -132,16 +133,16 @@ def route_messages(group: ReceivedGroup, ctx: Any) -> None:
         j = i + 1
         while j < len(runs) and runs[j][1] == ep and runs[j][3] == mt:
             j += 1
-        count = sum(len(r[4]) for r in runs[i:j])
+        n = count(runs[i:j])
         _route(cfg, pairs, group, out, group.message(index))
-        if count > 1 and mt not in (DIALOG_TIMER, END_DIALOG, ERROR):
+        if n > 1 and mt not in (DIALOG_TIMER, END_DIALOG, ERROR):
             target = _forward_to(pairs, group.endpoints[ep][0])
             if target is not None:
                 out.send_many(target, mt, [b for r in runs[i:j] for b in r[4]][1:])
-        elif count > 1:
-            for k in range(index + 1, index + count):
+        elif n > 1:
+            for k in range(index + 1, index + n):
                 _route(cfg, pairs, group, out, group.message(k))
-        index += count
+        index += n
         i = j
     out.flush()
     _count(cfg.service, forwarded=out.forwarded)

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from actors.packing import one_or_all, packb
+from actors.packing import first_or_all, one_or_all, packb
 
 FIELDS = (
     "message_id",  # "<conversation id>/<i|t>/<sequence>": the same on every broker it crosses
@@ -88,7 +88,6 @@ def encode_group(
         types += [mt] * k
         sent_at += [sent] * k
         arrived_at += [arrived] * k
-    n, first = len(seq_list), seq_list[0]
     return [
         broker_id,
         queue,
@@ -96,11 +95,11 @@ def encode_group(
         committed_at,
         dict(senders),
         one_or_all(ep_nos),
-        first if seq_list == list(range(first, first + n)) else seq_list,
+        first_or_all(seq_list),
         one_or_all(types),
         one_or_all(sent_at),
         one_or_all(arrived_at),
-        n,
+        len(seq_list),
     ]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-from actors.packing import one_or_all, packb
+from actors.packing import first_or_all, one_or_all, packb
 from actors.runs import Run, runs_of
 
 # A segment ends at this many messages or bytes of bodies, so that a receive of a few of its
@@ -136,10 +136,9 @@ def pack(pieces: Sequence[tuple[StoredRun, int, int]]) -> bytes:
         seq_list += [-1] * k if run[3] < 0 else range(run[3] + start, run[3] + end)
         sent += [run[7]] * k
         arrived += [run[8]] * k
-    seqs = seq_list[0]
-    if seq_list != list(range(seqs, seqs + len(seq_list))):
-        seqs = seq_list
-    return packb([bodies, one_or_all(types), seqs, one_or_all(sent), one_or_all(arrived)])
+    return packb(
+        [bodies, one_or_all(types), first_or_all(seq_list), one_or_all(sent), one_or_all(arrived)]
+    )
 
 
 def unpack(first_id: int, parts: bytes) -> Iterator[tuple[int, int, str, bytes, float, float]]:

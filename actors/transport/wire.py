@@ -11,7 +11,7 @@ import msgpack
 
 from actors.errors import BrokerError, InvalidArgument
 from actors.model.catalog import check_name
-from actors.packing import one_or_all, packb
+from actors.packing import first_or_all, one_or_all, packb
 
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470
@@ -76,9 +76,8 @@ def _compact(b: Bundle) -> Bundle:
     """A bundle as it travels: its sequence numbers as the first when they have no gap, and its
     messages' type and sent time as one value when they all share it (the usual case), so
     neither broker packs, reads or checks them message by message."""
-    seqs, first = b.seqs, b.seqs[0]
     return b._replace(
-        seqs=first if seqs == list(range(first, first + len(seqs))) else seqs,
+        seqs=first_or_all(b.seqs),
         types=one_or_all(b.types),
         sent_ats=one_or_all(b.sent_ats),
     )
