@@ -33,6 +33,7 @@ from actors.errors import (
     StaleEpoch,
 )
 from actors.mirroring import replay
+from actors.mirroring.backlog import Backlog, recover
 from actors.mirroring.capture import SEQ_KEY, Capture, attach
 from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import FailureDetector, Roles
@@ -75,6 +76,9 @@ class PartnerActor:
         self.shipper: Shipper | None = None
         self.link: RayLink | None = None  # the principal's to its mirror
         self.store: Store | None = None  # the mirror's
+        self.backlog: Backlog | None = None  # and what it holds, not yet applied to it
+        self.backlog_failed: str | None = None  # why it could not be applied (until rebuilt)
+        self._draining: asyncio.Task | None = None  # the backlog applied on a thread
         self.line: tuple[int, str] | None = None  # the principal (epoch, incarnation) that
         # last rebuilt this mirror; only its log applies here (None: rebuild first)
         self.applied_at: float | None = None  # when the mirror last applied a ship
@@ -82,7 +86,7 @@ class PartnerActor:
         self.refused = 0  # verbs and deliveries refused while not principal
         self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
         self.ready = asyncio.Event()
-        self._applied = asyncio.Event()  # a ship was applied (a later one may go next)
+        self._received = asyncio.Event()  # a ship was held (a later one may go next)
         self.boot_error: BaseException | None = None
         self._switching = asyncio.Lock()
         self._channels: ChannelServer | None = None  # direct channels (when first asked)
@@ -116,8 +120,12 @@ class PartnerActor:
 
     async def _become_principal(self, record: Roles) -> None:
         if self.store is not None:
-            self.store.close()
-            self.store = None
+            await self._quiet_backlog()
+            self._drain()  # everything it held, applied before a broker opens the store
+            if self.backlog_failed:
+                why = f"its backlog cannot be applied: {self.backlog_failed}"
+                raise NoFailover(self.broker, why)
+            self._close_store()
         service = BrokerActor(self.partner, self.path, self.durability, self.limits, self.namespace)
         if service.start_error is not None:
             raise service.start_error
@@ -148,8 +156,20 @@ class PartnerActor:
             await self.shipper.stop()
             await self.service.close()
             self.service = self.capture = self.shipper = None
-        self.store = Store(self.path, self.durability, holder=self.partner)
+        self._open_store()
         self.acting, self.line = "mirror", None  # whoever is principal now rebuilds it
+
+    def _open_store(self) -> None:
+        """The mirror's store, with what its backlog's file held when its process stopped."""
+        store = self.store = Store(self.path, self.durability, holder=self.partner)
+        held = recover(self.path, store.db, replay.held_seq(store))
+        self.backlog = Backlog(self.path, held, sync=self.durability == "full")
+
+    def _close_store(self) -> None:
+        for part in (self.backlog, self.store):
+            if part is not None:
+                part.close()
+        self.store = self.backlog = None
 
     async def _fence(self, synchronized: bool) -> None:
         proof = self.key.prove(self.partner, "set_synchronized")
@@ -206,6 +226,8 @@ class PartnerActor:
         return claim.get("role") == "principal" or claim.get("epoch", 0) > self.epoch
 
     async def _promote(self, manual: bool, reason: str) -> dict[str, Any]:
+        if self.backlog_failed:
+            raise NoFailover(self.broker, f"its mirror's backlog failed: {self.backlog_failed}")
         proof = self.key.prove(self.partner, "promote")
         ref = self.witness.promote.remote(self.partner, self.epoch, manual, reason, proof)
         record = await unwrap(ref)
@@ -241,11 +263,13 @@ class PartnerActor:
                 "became_principal_at": self.became,
                 "ships_travel": self.link.ships_travel if self.link else "-",
             }
-        elif self.store is not None:
-            held = replay.held_seq(self.store)
+        elif self.backlog is not None:
             in_step = self.line is not None and self.line[0] == self.epoch
+            backlog = self.backlog
             out |= {"state": "in step" if in_step else "awaiting rebuild",
-                    "seq": held, "applied_at": self.applied_at}  # fmt: skip
+                    "seq": backlog.received, "applied": backlog.applied_seq,
+                    "applied_at": self.applied_at,
+                    "backlog_failed": self.backlog_failed}  # fmt: skip
         return out
 
     async def info(self) -> dict[str, Any]:
@@ -344,28 +368,91 @@ class PartnerActor:
         return self.store
 
     async def held(self, caller: str, proof: bytes, epoch: int, line: str) -> int:
-        store = await self._mirror(caller, proof, "held", epoch)
-        return replay.held_seq(store) if self.line == (epoch, line) else -1
+        await self._mirror(caller, proof, "held", epoch)
+        in_line = self.line == (epoch, line) and self.backlog is not None
+        return self.backlog.received if in_line and not self.backlog_failed else -1
 
     async def apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
-        store = await self._mirror(caller, proof, "apply", epoch)
-        if self.line != (epoch, line):
-            raise MirrorBehind(-1, entries[0].seq if entries else 0)
+        """Hold the principal's transactions (`actors.mirroring.backlog`): answered once they
+        are in the backlog's file, applied to the store just after (with whatever else waits)."""
+        backlog = await self._backlog(caller, proof, epoch, line, entries)
         # ships under way together may arrive out of order: a later one waits (briefly) for
         # the one before it
         deadline = time.monotonic() + GAP_S
-        while entries and replay.held_seq(store) < entries[0].seq - 1:
+        while entries and backlog.received < entries[0].seq - 1:
             left = deadline - time.monotonic()
             if left <= 0:
-                break  # the gap stays: apply refuses it, and the principal rebuilds
-            self._applied.clear()
+                break  # the gap stays: the backlog refuses it, and the principal rebuilds
+            self._received.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._applied.wait(), left)
-            store = await self._mirror(caller, proof, "apply", epoch)
-        held = replay.apply(store.db, replay.held_seq(store), entries)
-        self.applied_at = time.time()
-        self._applied.set()
+                await asyncio.wait_for(self._received.wait(), left)
+            backlog = await self._backlog(caller, proof, epoch, line, entries)
+        while backlog.full():  # this ship waits for it to be applied: it stays bounded
+            self._drain_soon()
+            await self._quiet_backlog()
+            backlog = await self._backlog(caller, proof, epoch, line, entries)
+        held = backlog.accept(entries)
+        self._received.set()
+        self._drain_soon()
         return held
+
+    async def _backlog(
+        self, caller: str, proof: bytes, epoch: int, line: str, entries: list
+    ) -> Backlog:
+        await self._mirror(caller, proof, "apply", epoch)
+        if self.line != (epoch, line) or self.backlog is None or self.backlog_failed:
+            raise MirrorBehind(-1, entries[0].seq if entries else 0)
+        return self.backlog
+
+    def _drain_soon(self) -> None:
+        if self._draining is None:
+            self._draining = asyncio.ensure_future(self._drain_on_thread())
+
+    async def _drain_on_thread(self) -> None:
+        """Apply the backlog until nothing waits, on a thread: ships go on being held and
+        answered meanwhile (SQLite lets go of the GIL as it works). The store is not closed or
+        replaced while this runs (`_quiet_backlog` first)."""
+        try:
+            while self.store is not None and (backlog := self._open_backlog()) is not None:
+                entries = backlog.take()
+                if not entries:
+                    return
+                try:
+                    await asyncio.to_thread(backlog.apply, self.store.db, entries)
+                except Exception as exc:
+                    self._backlog_broken(exc)
+                    return
+                backlog.applied(entries)
+                self.applied_at = time.time()
+        finally:
+            self._draining = None
+
+    async def _quiet_backlog(self) -> None:
+        """Return once no drain runs on its thread (shielded: the thread cannot be stopped)."""
+        while self._draining is not None:
+            await asyncio.shield(self._draining)
+
+    def _drain(self) -> None:
+        """Apply the backlog here and now (no drain on its thread running)."""
+        backlog = self._open_backlog()
+        if self.store is None or backlog is None:
+            return
+        try:
+            backlog.drain(self.store.db)
+        except Exception as exc:
+            self._backlog_broken(exc)
+            return
+        self.applied_at = time.time()
+
+    def _open_backlog(self) -> Backlog | None:
+        return None if self.backlog_failed else self.backlog
+
+    def _backlog_broken(self, exc: Exception) -> None:
+        """A backlog that cannot be applied leaves this mirror out of step (the principal's
+        next ship rebuilds it), refusing promotion until then: it answered for transactions
+        its store does not hold."""
+        log.error("partner %s: its backlog could not be applied: %r", self.partner, exc)
+        self.backlog_failed, self.line = repr(exc)[:500], None
 
     async def rebuild(
         self,
@@ -377,17 +464,23 @@ class PartnerActor:
         parts: list[bytes],
         broker_id: str,
     ) -> int:
-        store = await self._mirror(caller, proof, "rebuild", epoch)
+        await self._mirror(caller, proof, "rebuild", epoch)
+        await self._quiet_backlog()  # before the store is read, and then replaced
+        store = await self._mirror(caller, proof, "rebuild", epoch)  # (no wait: it is ready)
         if store.broker_id != broker_id and not replay.is_blank(store):
             raise MirrorMismatch(
                 f"{self.partner!r} holds broker {store.broker_id} in {self.path!r}, not broker "
                 f"{broker_id} it would mirror; give it an empty store (or the same broker's)"
             )
-        store.close()
-        self.store = None
+        if self.backlog is not None:  # the old line's: the snapshot replaces all it held
+            self.backlog.reset(-1)
+        self._close_store()
         replay.install(self.path, b"".join(parts))
-        self.store = Store(self.path, self.durability, holder=self.partner)
+        self._open_store()
+        assert self.store is not None and self.backlog is not None
         self.store.set_meta(SEQ_KEY, str(seq))
+        self.backlog.reset(seq)
+        self.backlog_failed = None
         self.line, self.applied_at = (epoch, line), time.time()
         return seq
 
@@ -399,5 +492,6 @@ class PartnerActor:
         with contextlib.suppress(BrokerError):
             if self.service is not None:
                 await self.service.close()
-        if self.store is not None:
-            self.store.close()
+        await self._quiet_backlog()
+        self._drain()  # what the backlog holds, in the store (else its file has it)
+        self._close_store()

@@ -22,6 +22,8 @@ from dataclasses import dataclass  # noqa: E402
 
 from actors.calls.envelope import Begin, Send  # noqa: E402
 from actors.core import BrokerCore, Limits  # noqa: E402
+from actors.mirroring import replay  # noqa: E402
+from actors.mirroring.capture import attach  # noqa: E402
 from actors.model.catalog import Contract, MessageType, Queue, Service  # noqa: E402
 from actors.store.database import Store  # noqa: E402
 from tests.fakes import FakeClock  # noqa: E402
@@ -138,3 +140,25 @@ def stored_messages(store: Store) -> list[tuple]:
         (i, g, ep, seq, mt, body, status, sent, arrived)
         for i, ep, seq, mt, body, sent, arrived, g, status in store.queue_rows(groups, 1 << 62)
     ]
+
+
+@pytest.fixture
+def pair(tmp_path, core_clock):  # mirroring: test_mirror_log, test_mirror_backlog
+    """A principal core whose store is captured, and a mirror store (a copy of the blank
+    principal, as a rebuild makes it)."""
+    stores = []
+
+    def open_store(name):
+        s = Store(str(tmp_path / name))
+        stores.append(s)
+        return s
+
+    principal = open_store("p.sqlite")
+    capture = attach(principal)
+    core = BrokerCore(principal, core_clock, Limits())
+    mirror_path = str(tmp_path / "m.sqlite")
+    replay.install(mirror_path, replay.snapshot(principal.db))
+    mirror = open_store("m.sqlite")
+    yield core, capture, mirror, open_store
+    for s in stores:
+        s.close()

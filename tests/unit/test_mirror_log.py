@@ -28,28 +28,6 @@ def dump(store: Store) -> dict[str, list]:
     return {t: store.db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in tables}
 
 
-@pytest.fixture
-def pair(tmp_path, core_clock):
-    """A principal core whose store is captured, and a mirror store (a copy of the blank
-    principal, as a rebuild makes it)."""
-    stores = []
-
-    def open_store(name):
-        s = Store(str(tmp_path / name))
-        stores.append(s)
-        return s
-
-    principal = open_store("p.sqlite")
-    capture = attach(principal)
-    core = BrokerCore(principal, core_clock, Limits())
-    mirror_path = str(tmp_path / "m.sqlite")
-    replay.install(mirror_path, replay.snapshot(principal.db))
-    mirror = open_store("m.sqlite")
-    yield core, capture, mirror, open_store
-    for s in stores:
-        s.close()
-
-
 def ship(capture, mirror) -> int:
     held = replay.apply(mirror.db, replay.held_seq(mirror), capture.take(10_000))
     capture.drop_through(held)

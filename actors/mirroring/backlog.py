@@ -1,0 +1,200 @@
+"""The mirror's backlog: shipped transactions it holds and has answered for, not yet applied.
+
+A mirror answers a ship once it **holds** the transactions, and applies them to its store just
+after (in one SQLite transaction for all that waits: `take`, `apply` (on a thread of its own,
+so ships go on being answered meanwhile), `applied`), as SQL Server's mirror answers once
+the log records are hardened and redoes them after. A caller of the principal then waits for one
+trip to the mirror and a write to a file, not for the mirror's SQLite transaction as well
+(measured: half the round trip on a busy 2-core machine).
+
+Holds means written to the backlog's file beside the store (`log_path`), and synced when the
+store's durability is "full": what the principal's own commit promises at the same durability.
+So a mirror whose process dies after answering finds the transactions in the file when it opens
+its store again (`recover`), and one promoted to principal applies its whole backlog before it
+opens a broker on the store. The file is emptied each time the backlog is applied; a frame a
+crash cut short was never answered for, and is ignored.
+
+The backlog is bounded (`full`): a ship that finds it full waits for it to be applied, so neither
+the mirror's memory nor a failover's wait for it grows with a burst.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from actors.errors import MirrorBehind
+from actors.mirroring import replay
+from actors.mirroring.capture import Entry
+from actors.packing import packb
+from actors.store.file import sync_directory, write_new
+
+log = logging.getLogger("raybroker")
+
+MOST_ENTRIES = 256  # transactions held before a ship waits for them to be applied
+MOST_BYTES = 32 << 20  # and bytes
+FILE_BYTES = 4 * MOST_BYTES  # a file this long, never emptied under load, is written anew
+_LENGTH = struct.Struct("<I")  # each entry in the file: its length, then it (msgpack)
+
+
+def log_path(store_path: str) -> str:
+    return f"{store_path}-mirrorlog"
+
+
+def _framed(entry: Entry) -> bytes:
+    data = packb([entry.seq, entry.at, [list(s) for s in entry.statements]])
+    return _LENGTH.pack(len(data)) + data
+
+
+def read_log(path: str) -> list[Entry]:
+    """The entries a backlog's file holds, in order; a last one cut short is left out."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    out, at = [], 0
+    while at + _LENGTH.size <= len(data):
+        (n,) = _LENGTH.unpack_from(data, at)
+        if at + _LENGTH.size + n > len(data):
+            break  # written in part when the process stopped: never answered for
+        seq, when, statements = msgpack.unpackb(
+            data[at + _LENGTH.size : at + _LENGTH.size + n], raw=False
+        )
+        out.append(Entry(seq, when, [(many, sql, params) for many, sql, params in statements]))
+        at += _LENGTH.size + n
+    return out
+
+
+def recover(store_path: str, db: Any, held: int) -> int:
+    """Apply what the backlog's file of the store at `store_path` holds beyond `held` (the
+    store's number), then empty it; the store's number after."""
+    path = log_path(store_path)
+    entries = [e for e in read_log(path) if e.seq > held]
+    if entries:
+        try:
+            held = replay.apply(db, held, entries)
+        except MirrorBehind as exc:  # not this store's continuation: a rebuild follows anyway
+            log.warning("mirror backlog %s does not follow its store: %s", path, exc)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    return held
+
+
+class Backlog:
+    """One mirror store's backlog. `held`: the store's number when it was opened (recovered)."""
+
+    def __init__(self, store_path: str, held: int, sync: bool) -> None:
+        self.path = log_path(store_path)
+        self.sync = sync
+        self.applied_seq = held  # the store's number
+        self.received = held  # the last transaction held (applied or waiting)
+        self.pending: collections.deque[Entry] = collections.deque()
+        self.bytes = 0  # what `pending` takes in the file
+        self._sizes: collections.deque[int] = collections.deque()  # each pending entry's
+        self._file_bytes = 0
+        self._fd: int | None = None
+
+    def full(self) -> bool:
+        return len(self.pending) >= MOST_ENTRIES or self.bytes >= MOST_BYTES
+
+    def accept(self, entries: Sequence[Entry]) -> int:
+        """Hold `entries` (those after `received`; ones already held are skipped: a ship retried
+        after a lost answer): written to the file (and synced) before this returns. The last
+        transaction held. A gap before them is refused (`MirrorBehind`): the principal rebuilds."""
+        received = self.received
+        todo = [e for e in entries if e.seq > received]
+        if not todo:
+            return received
+        for e in todo:
+            if e.seq != received + 1:
+                raise MirrorBehind(received, e.seq)
+            received = e.seq
+        frames = [_framed(e) for e in todo]
+        self._write(b"".join(frames))
+        sizes = [len(f) for f in frames]
+        self.pending.extend(todo)
+        self._sizes.extend(sizes)
+        self.bytes += sum(sizes)
+        self.received = received
+        return received
+
+    def take(self) -> list[Entry]:
+        """Everything waiting, to `apply` (it stays waiting until `applied`)."""
+        return list(self.pending)
+
+    def apply(self, db: Any, entries: list[Entry]) -> int:
+        """Apply `take`'s entries in one transaction (their store's number after). Touches
+        nothing of the backlog's own: it may run on another thread while ships are held."""
+        return replay.apply(db, self.applied_seq, entries) if entries else self.applied_seq
+
+    def applied(self, entries: list[Entry]) -> None:
+        """`entries` (from `take`) are in the store: they wait no more. The file is emptied
+        once nothing waits (written anew, holding only what waits, when it grew too long)."""
+        for _ in entries:
+            self.pending.popleft()
+            self.bytes -= self._sizes.popleft()
+        if entries:
+            self.applied_seq = entries[-1].seq
+        if not self.pending:
+            self._empty()
+        elif self._file_bytes > FILE_BYTES:
+            self._rewrite()
+
+    def drain(self, db: Any) -> int:
+        """Apply everything waiting, here and now; the store's number. A failure leaves the
+        backlog as it was (the store rolled back)."""
+        entries = self.take()
+        self.apply(db, entries)
+        self.applied(entries)
+        return self.applied_seq
+
+    def reset(self, seq: int) -> None:
+        """The store was replaced (rebuilt at `seq`): nothing of before waits."""
+        self.pending.clear()
+        self.bytes = 0
+        self._sizes.clear()
+        self.applied_seq = self.received = seq
+        self._empty()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _write(self, data: bytes) -> None:
+        if self._fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._fd = os.open(self.path, flags, 0o644)
+            if self.sync:  # the file's name survives a power cut too
+                sync_directory(os.path.dirname(os.path.abspath(self.path)))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        if self.sync:
+            os.fdatasync(self._fd)
+        self._file_bytes += len(data)
+
+    def _empty(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(self.path, 0)
+        self._file_bytes = 0
+
+    def _rewrite(self) -> None:
+        """The file anew, holding only what waits (written beside it, then renamed over it)."""
+        self.close()
+        write_new(self.path + ".new", b"".join(_framed(e) for e in self.pending))
+        os.replace(self.path + ".new", self.path)
+        if self.sync:
+            sync_directory(os.path.dirname(os.path.abspath(self.path)))
+        self._file_bytes = self.bytes
