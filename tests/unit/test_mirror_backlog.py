@@ -6,6 +6,8 @@ frame ignored. Real SQLite files, no Ray."""
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 
 import pytest
 
@@ -14,6 +16,7 @@ from actors.mirroring import backlog as backlogs
 from actors.mirroring import replay
 from actors.mirroring.backlog import Backlog, log_path, read_log, recover
 from actors.mirroring.capture import Entry
+from tests.unit.test_mirror_channel import DATA, old_log, tables
 from tests.unit.test_mirror_log import dump, workload
 
 
@@ -133,3 +136,19 @@ def test_at_full_durability_each_hold_is_synced_before_it_is_answered(
     assert len(synced) == 2
     Backlog(mirror.path + "-other", 0, sync=False).accept(entries[:1])
     assert len(synced) == 2  # at normal durability the file is written, not synced
+
+
+def test_an_old_releases_log_held_then_recovered_from_the_file_makes_the_principals_store(tmp_path):
+    entries = old_log()  # captured by release e4b58cb (tests/data/make_mirror_log_v1.py)
+    path = str(tmp_path / "m.sqlite")
+    shutil.copyfile(DATA / "mirror-log-v1-start.sqlite", path)
+    log = Backlog(path, 0, sync=False)
+    for i in range(0, len(entries), 4):  # ships of four
+        log.accept(entries[i : i + 4])
+    log.close()  # the process stops before applying any of it
+    db = sqlite3.connect(path, isolation_level=None)  # as the channel test's mirror: the file as is
+    try:
+        assert recover(path, db, 0) == entries[-1].seq
+    finally:
+        db.close()
+    assert tables(path) == tables(DATA / "mirror-log-v1-end.sqlite")  # row for row

@@ -16,6 +16,7 @@ import pytest
 from actors.client import channel as ch
 from actors.errors import MirrorBehind
 from actors.mirroring import replay
+from actors.mirroring.backlog import Backlog
 from actors.mirroring.capture import Entry
 from actors.service import channel as srv
 
@@ -39,19 +40,23 @@ def tables(path: str | Path) -> dict[str, list]:
 
 
 class Mirror:
-    """The mirror's side: a copy of the blank store the log started from, applying ships as
-    `PartnerActor` does (its channel's `ship` is its `apply`)."""
+    """The mirror's side: a copy of the blank store the log started from, taking ships as
+    `PartnerActor` does (its channel's `ship` is its `apply`): held in a backlog, answered,
+    applied just after."""
 
     def __init__(self, path: Path) -> None:
         shutil.copyfile(DATA / "mirror-log-v1-start.sqlite", path)
         self.db = sqlite3.connect(path, isolation_level=None)
+        self.backlog = Backlog(str(path), 0, sync=False)
         self.arrived: list[list] = []
 
     async def dispatch(self, order, method, args):
         assert method == "ship" and order is None  # as actors.remote.link sends it
         entries = args[-1]
         self.arrived.append(entries)
-        return replay.apply(self.db, replay.held_seq(self), entries)
+        held = self.backlog.accept(entries)
+        asyncio.get_running_loop().call_soon(self.backlog.drain, self.db)
+        return held
 
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
