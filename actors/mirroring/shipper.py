@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -84,7 +86,10 @@ class Shipper:
         self.failures = 0  # tries in a row that did not reach or rebuild the mirror
         self.ships = 0
         self.reason = "not yet in touch with the mirror"
-        self._changed = asyncio.Event()
+        # callers waiting: (the transaction they wait for, a ticket, their future), soonest
+        # first, so a landed ship wakes just the callers it covers
+        self._waiting: list[tuple[int, int, asyncio.Future]] = []
+        self._tickets = itertools.count()
         self._work = asyncio.Event()
         capture.on_commit = self._committed
         self._task: asyncio.Task | None = None
@@ -116,8 +121,9 @@ class Shipper:
                 raise NotPrincipal(self.name, None, self.epoch)
             if self.acked >= seq or (self.state == "exposed" and self.fenced):
                 return
-            self._changed.clear()
-            await self._changed.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (seq, next(self._tickets), waiter))
+            await waiter
 
     def lag(self) -> dict[str, Any]:
         """The mirror's lag behind this principal: transactions, and seconds since the oldest
@@ -140,7 +146,16 @@ class Shipper:
         if state != self.state and self.on_event is not None:
             self.on_event(f"Mirror{state.capitalize()}", reason or state)
         self.state, self.reason = state, reason
-        self._changed.set()
+        self._wake(None)
+
+    def _wake(self, through: int | None) -> None:
+        """Wake the callers waiting for transactions up to `through` (None: all, to look again
+        at a changed state)."""
+        waiting = self._waiting
+        while waiting and (through is None or waiting[0][0] <= through):
+            waiter = heapq.heappop(waiting)[2]
+            if not waiter.done():  # (a caller that stopped waiting)
+                waiter.set_result(None)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -196,8 +211,9 @@ class Shipper:
 
     def _landed(self, _: asyncio.Future) -> None:
         """Ships answered, oldest first, move `acked` on as their answers come (each step the
-        answer waited for the loop below to run again was a step every caller waited too); a
-        ship that failed is left first in line for the loop below to act on."""
+        answer waited for the loop below to run again was a step every caller waited too), and
+        wake the callers they cover; a ship that failed is left first in line for the loop
+        below to act on."""
         landed = False
         while self._flying and self._flying[0].done():
             if self._failed_head() is not None:
@@ -209,7 +225,7 @@ class Shipper:
             landed = True
         if landed:
             self.capture.drop_through(self.acked)
-            self._changed.set()
+            self._wake(self.acked)
             if self._in_step():
                 self._launch()
 

@@ -244,3 +244,56 @@ def test_a_commit_is_shipped_in_its_own_step_once_the_mirror_is_in_step(tmp_path
     finally:
         link.store.close()
         store.close()
+
+
+class HeldLink(Link):
+    """Ships wait until the test lands them (their answers set)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.ships: list[tuple[asyncio.Future, list]] = []
+
+    def ship(self, epoch, entries):
+        answer = asyncio.get_running_loop().create_future()
+        self.ships.append((answer, entries))
+        return answer
+
+    def land(self) -> None:
+        answer, entries = self.ships.pop(0)
+        answer.set_result(replay.apply(self.store.db, replay.held_seq(self.store), entries))
+
+
+def test_a_landed_ship_wakes_the_callers_it_covers_and_not_those_after_it(
+    tmp_path,
+):
+    store = Store(str(tmp_path / "p.sqlite"))
+    capture = attach(store)
+    core = BrokerCore(store, FakeClock(), Limits())
+    link, witness = HeldLink(str(tmp_path / "m.sqlite")), Witness()
+
+    async def go():
+        shipper = shipper_for(core, capture, link, witness)
+        shipper.start()
+        define_core_catalog(core)
+        await shipper.settled(capture.seq)  # caught up (through `apply`, not ships)
+        open_core_dialog(core)
+        first = capture.seq
+        open_core_dialog(core)
+        second = capture.seq
+        assert [entries[-1].seq for _, entries in link.ships] == [first, second]
+        waiting = [asyncio.ensure_future(shipper.settled(s)) for s in (first, second)]
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiting)
+        link.land()
+        await apoll(lambda: waiting[0].done(), "the first caller answered")
+        assert shipper.acked == first and not waiting[1].done()
+        assert [seq for seq, _, _ in shipper._waiting] == [second]  # the other one waits on
+        link.land()
+        await apoll(lambda: waiting[1].done(), "the second caller answered")
+        assert shipper.acked == second and not shipper._waiting
+        await shipper.stop()
+
+    asyncio.run(go())
+    assert dump(link.store) == dump(core.store)
+    link.store.close()
+    store.close()
