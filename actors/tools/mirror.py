@@ -34,6 +34,10 @@ def summary(status: dict[str, Any]) -> list[str]:
             lag = f", mirror lag {p['lag_transactions']} transactions / {p['lag_s']:.2f} s"
         if p.get("ships_travel"):
             lag += f"; ships: {p['ships_travel']}"
+        if p.get("applied") is not None:  # a mirror: what it holds, and what of it is applied
+            lag += f", holds through {p['seq']}, applied through {p['applied']}"
+        if p.get("backlog_failed"):
+            lag += f"; its backlog could not be applied: {p['backlog_failed']}"
         lines.append(f"  {name}: {p.get('role')} ({p.get('state', '-')}{lag})")
     last = status.get("last_failover")
     if last:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -125,6 +126,8 @@ def test_the_command_line_shows_the_partners_and_fails_over(mirrored, capsys):
     assert main(["mirror", "status", name]) == 0
     out = capsys.readouterr().out
     assert f"mirrored broker {name}: epoch 1, synchronized" in out
+    held = re.search(r"holds through (\d+), applied through (\d+)", out)  # the mirror's line
+    assert held and int(held[1]) > 0 and int(held[2]) <= int(held[1])
     assert main(["mirror", "failover", name]) == 0
     assert f"{name}-b is now principal of {name} (epoch 2)" in capsys.readouterr().out
     handle.create(Queue("AfterFailover"))  # the handle follows the new principal
