@@ -173,14 +173,23 @@ class Backlog:
         if self._fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
             self._fd = os.open(self.path, flags, 0o644)
+            self._file_bytes = os.fstat(self._fd).st_size
             if self.sync:  # the file's name survives a power cut too
                 sync_directory(os.path.dirname(os.path.abspath(self.path)))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        if self.sync:
-            os.fdatasync(self._fd)
-        self._file_bytes += len(data)
+        start = self._file_bytes
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self.sync:
+                os.fdatasync(self._fd)
+        except BaseException:
+            # a write that failed part way (a full disk, say) was never answered for: cut it
+            # off, or the frames written after it would be read as part of it
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise
+        self._file_bytes = start + len(data)
 
     def _empty(self) -> None:
         if self._fd is not None:

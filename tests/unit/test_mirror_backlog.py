@@ -152,3 +152,29 @@ def test_an_old_releases_log_held_then_recovered_from_the_file_makes_the_princip
     finally:
         db.close()
     assert tables(path) == tables(DATA / "mirror-log-v1-end.sqlite")  # row for row
+
+
+def test_a_write_that_fails_part_way_is_cut_off_and_nothing_of_it_held(
+    pair, core_clock, monkeypatch
+):
+    core, capture, mirror, _ = pair
+    entries, log = logged(pair, core_clock)
+    log.accept(entries[:2])
+    size = os.path.getsize(log.path)
+    write = os.write
+
+    def half_then_full(fd, data):  # the disk fills half way through the next ship
+        write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(backlogs.os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space"):
+        log.accept(entries[2:5])
+    assert os.path.getsize(log.path) == size and log.received == entries[1].seq
+    assert len(log.pending) == 2
+    monkeypatch.setattr(backlogs.os, "write", write)
+    assert log.accept(entries[2:]) == capture.seq  # the ship again, once there is room
+    assert [e.seq for e in read_log(log.path)] == [e.seq for e in entries]
+    log.drain(mirror.db)
+    assert dump(mirror) == dump(core.store)
+    log.close()
