@@ -54,7 +54,8 @@ def _framed(entry: Entry) -> bytes:
 
 
 def read_log(path: str) -> list[Entry]:
-    """The entries a backlog's file holds, in order; a last one cut short is left out."""
+    """The entries a backlog's file holds, in order; a last one cut short is left out, and a
+    damaged one ends the reading (logged)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -65,10 +66,15 @@ def read_log(path: str) -> list[Entry]:
         (n,) = _LENGTH.unpack_from(data, at)
         if at + _LENGTH.size + n > len(data):
             break  # written in part when the process stopped: never answered for
-        seq, when, statements = msgpack.unpackb(
-            data[at + _LENGTH.size : at + _LENGTH.size + n], raw=False
-        )
-        out.append(Entry(seq, when, [(many, sql, params) for many, sql, params in statements]))
+        try:
+            seq, when, statements = msgpack.unpackb(
+                data[at + _LENGTH.size : at + _LENGTH.size + n], raw=False
+            )
+            out.append(Entry(seq, when, [(many, sql, params) for many, sql, params in statements]))
+        except Exception:  # damaged on disk (this code never leaves a frame so): read no further
+            why = "the entries from it on are not applied (a rebuild replaces them)"
+            log.error("mirror backlog %s: entry %d is damaged; %s", path, len(out), why)
+            break
         at += _LENGTH.size + n
     return out
 

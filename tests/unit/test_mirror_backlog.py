@@ -72,6 +72,12 @@ def test_a_last_frame_cut_short_was_never_answered_for_and_is_left_out(pair, cor
     with open(log.path, "r+b") as f:  # the last write stopped half way
         f.truncate(os.path.getsize(log.path) - 5)
     assert [e.seq for e in read_log(log.path)] == [e.seq for e in entries[:-1]]
+    damaged = log.path + "-damaged"  # a frame whole in length but not in content: read up to it
+    shutil.copyfile(log.path, damaged)
+    with open(damaged, "r+b") as f:
+        f.seek(4 + len(backlogs._framed(entries[0])) + 4)  # into the second entry's msgpack
+        f.write(b"\xc1" * 8)  # a byte msgpack never uses
+    assert [e.seq for e in read_log(damaged)] == [entries[0].seq]
     assert recover(mirror.path, mirror.db, 0) == entries[-2].seq
     assert replay.apply(mirror.db, held(mirror), entries) == capture.seq  # the rest follows
     assert dump(mirror) == dump(core.store)
