@@ -68,14 +68,28 @@ class Witness:
 
 
 @pytest.fixture
-def setup(tmp_path):
-    store = Store(str(tmp_path / "p.sqlite"))
-    capture = attach(store)
-    core = BrokerCore(store, FakeClock(), Limits())
-    link, witness = Link(str(tmp_path / "m.sqlite")), Witness()
-    yield core, capture, link, witness
-    link.store.close()
-    store.close()
+def made(tmp_path):
+    """Makes (core, capture, link, witness): a captured principal and a mirror reached through
+    a link of the class given; both stores closed at the end."""
+    made: list[tuple[Store, Link]] = []
+
+    def make(link_class: type = Link) -> tuple:
+        store = Store(str(tmp_path / "p.sqlite"))
+        capture = attach(store)
+        core = BrokerCore(store, FakeClock(), Limits())
+        link = link_class(str(tmp_path / "m.sqlite"))
+        made.append((store, link))
+        return core, capture, link, Witness()
+
+    yield make
+    for store, link in made:
+        link.store.close()  # the mirror's (a rebuild replaces it)
+        store.close()
+
+
+@pytest.fixture
+def setup(made):
+    return made()
 
 
 def shipper_for(core, capture, link, witness) -> Shipper:
@@ -178,11 +192,8 @@ class SlowLink(Link):
             self.flying -= 1
 
 
-def test_ships_go_several_at_a_time_and_the_mirror_still_applies_them_in_order(tmp_path):
-    store = Store(str(tmp_path / "p.sqlite"))
-    capture = attach(store)
-    core = BrokerCore(store, FakeClock(), Limits())
-    link, witness = SlowLink(str(tmp_path / "m.sqlite")), Witness()
+def test_ships_go_several_at_a_time_and_the_mirror_still_applies_them_in_order(made):
+    core, capture, link, witness = made(SlowLink)
 
     async def go():
         shipper = shipper_for(core, capture, link, witness)
@@ -198,13 +209,9 @@ def test_ships_go_several_at_a_time_and_the_mirror_still_applies_them_in_order(t
         await asyncio.gather(*waits)
         await shipper.stop()
 
-    try:
-        asyncio.run(go())
-        assert link.most_flying == IN_FLIGHT
-        assert dump(link.store) == dump(core.store)
-    finally:
-        link.store.close()
-        store.close()
+    asyncio.run(go())
+    assert link.most_flying == IN_FLIGHT
+    assert dump(link.store) == dump(core.store)
 
 
 class EagerLink(Link):
@@ -219,11 +226,8 @@ class EagerLink(Link):
         return self.apply(epoch, entries)
 
 
-def test_a_commit_is_shipped_in_its_own_step_once_the_mirror_is_in_step(tmp_path):
-    store = Store(str(tmp_path / "p.sqlite"))
-    capture = attach(store)
-    core = BrokerCore(store, FakeClock(), Limits())
-    link, witness = EagerLink(str(tmp_path / "m.sqlite")), Witness()
+def test_a_commit_is_shipped_in_its_own_step_once_the_mirror_is_in_step(made):
+    core, capture, link, witness = made(EagerLink)
 
     async def go():
         shipper = shipper_for(core, capture, link, witness)
@@ -238,12 +242,8 @@ def test_a_commit_is_shipped_in_its_own_step_once_the_mirror_is_in_step(tmp_path
         finally:
             await shipper.stop()
 
-    try:
-        asyncio.run(go())
-        assert dump(link.store) == dump(core.store)
-    finally:
-        link.store.close()
-        store.close()
+    asyncio.run(go())
+    assert dump(link.store) == dump(core.store)
 
 
 class HeldLink(Link):
@@ -263,13 +263,8 @@ class HeldLink(Link):
         answer.set_result(replay.apply(self.store.db, replay.held_seq(self.store), entries))
 
 
-def test_a_landed_ship_wakes_the_callers_it_covers_and_not_those_after_it(
-    tmp_path,
-):
-    store = Store(str(tmp_path / "p.sqlite"))
-    capture = attach(store)
-    core = BrokerCore(store, FakeClock(), Limits())
-    link, witness = HeldLink(str(tmp_path / "m.sqlite")), Witness()
+def test_a_landed_ship_wakes_the_callers_it_covers_and_not_those_after_it(made):
+    core, capture, link, witness = made(HeldLink)
 
     async def go():
         shipper = shipper_for(core, capture, link, witness)
@@ -282,7 +277,7 @@ def test_a_landed_ship_wakes_the_callers_it_covers_and_not_those_after_it(
         second = capture.seq
         assert [entries[-1].seq for _, entries in link.ships] == [first, second]
         waiting = [asyncio.ensure_future(shipper.settled(s)) for s in (first, second)]
-        await asyncio.sleep(0)
+        await apoll(lambda: len(shipper._waiting) == 2, "both callers waiting")
         assert not any(w.done() for w in waiting)
         link.land()
         await apoll(lambda: waiting[0].done(), "the first caller answered")
@@ -295,5 +290,3 @@ def test_a_landed_ship_wakes_the_callers_it_covers_and_not_those_after_it(
 
     asyncio.run(go())
     assert dump(link.store) == dump(core.store)
-    link.store.close()
-    store.close()
