@@ -16,6 +16,14 @@ crash cut short was never answered for, and is ignored.
 
 The backlog is bounded (`full`): a ship that finds it full waits for it to be applied, so neither
 the mirror's memory nor a failover's wait for it grows with a burst.
+
+What waits is applied in batches (`apply_wait`): a transaction held while the mirror applies
+nothing waits up to `APPLY_AFTER_S` for the ships behind it, so one SQLite transaction (one
+commit, one fsync at "full") applies several, and a message a principal's group commit wrote and
+its next one deleted is never written to the mirror's store at all. Measured on the bench's
+stream (a ship every ~5 ms): 3.4 ships an apply instead of 1.0, and 0.44 ms of the mirror's CPU a
+ship instead of 0.75. Nobody waits for it: callers are answered once a transaction is held, and a
+promotion applies everything held first.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import contextlib
 import logging
 import os
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +50,8 @@ log = logging.getLogger("raybroker")
 MOST_ENTRIES = 256  # transactions held before a ship waits for them to be applied
 MOST_BYTES = 32 << 20  # and bytes
 FILE_BYTES = 4 * MOST_BYTES  # a file this long, never emptied under load, is written anew
+APPLY_AFTER_S = 0.01  # how long the first transaction held waits for others to be applied with
+APPLY_MOST = 32  # transactions held that are applied at once, without waiting for more
 _LENGTH = struct.Struct("<I")  # each entry in the file: its length, then it (msgpack)
 
 
@@ -107,9 +118,18 @@ class Backlog:
         self._sizes: collections.deque[int] = collections.deque()  # each pending entry's
         self._file_bytes = 0
         self._fd: int | None = None
+        self._first_held_at = 0.0  # when the oldest transaction waiting was held
 
     def full(self) -> bool:
         return len(self.pending) >= MOST_ENTRIES or self.bytes >= MOST_BYTES
+
+    def apply_wait(self, now: float) -> float:
+        """Seconds before what waits is applied (0: now), `now` on `time.monotonic`'s clock: the
+        oldest transaction waiting waits `APPLY_AFTER_S` from its holding for more to batch with,
+        unless `APPLY_MOST` wait already or the backlog is full."""
+        if not self.pending or len(self.pending) >= APPLY_MOST or self.full():
+            return 0.0
+        return max(0.0, self._first_held_at + APPLY_AFTER_S - now)
 
     def accept(self, entries: Sequence[Entry]) -> int:
         """Hold `entries` (those after `received`; ones already held are skipped: a ship retried
@@ -126,6 +146,8 @@ class Backlog:
         frames = [_framed(e) for e in todo]
         self._write(b"".join(frames))
         sizes = [len(f) for f in frames]
+        if not self.pending:
+            self._first_held_at = time.monotonic()
         self.pending.extend(todo)
         self._sizes.extend(sizes)
         self.bytes += sum(sizes)
@@ -147,6 +169,8 @@ class Backlog:
         for _ in entries:
             self.pending.popleft()
             self.bytes -= self._sizes.popleft()
+        if self.pending:  # held while these were applied: their wait starts now
+            self._first_held_at = time.monotonic()
         if entries:
             self.applied_seq = entries[-1].seq
         if not self.pending:

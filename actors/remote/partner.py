@@ -414,6 +414,9 @@ class PartnerActor:
         replaced while this runs (`_quiet_backlog` first)."""
         try:
             while self.store is not None and (backlog := self._open_backlog()) is not None:
+                if wait := backlog.apply_wait(time.monotonic()):  # for more to apply with
+                    await asyncio.sleep(wait)
+                    continue
                 entries = backlog.take()
                 if not entries:
                     return

@@ -128,6 +128,40 @@ def test_the_backlog_is_bounded_and_a_rebuild_empties_it(pair, core_clock, monke
     log.close()
 
 
+def test_what_is_held_waits_briefly_to_be_applied_with_what_follows(pair, core_clock, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(backlogs.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(backlogs, "APPLY_MOST", 4)
+    entries, log = logged(pair, core_clock)
+    assert len(entries) >= 6
+    assert log.apply_wait(now[0]) == 0.0  # nothing waits: nothing to wait for
+    log.accept(entries[:1])
+    assert log.apply_wait(now[0]) == pytest.approx(backlogs.APPLY_AFTER_S)
+    now[0] += backlogs.APPLY_AFTER_S / 2
+    log.accept(entries[1:2])  # a later one does not put the first one's apply off
+    assert log.apply_wait(now[0]) == pytest.approx(backlogs.APPLY_AFTER_S / 2)
+    now[0] += backlogs.APPLY_AFTER_S / 2
+    assert log.apply_wait(now[0]) == 0.0  # the first one has waited its time
+    taken = log.take()
+    log.accept(entries[2:3])  # held while the two are applied: it waits from now
+    log.apply(pair[2].db, taken)
+    log.applied(taken)
+    assert log.apply_wait(now[0]) == pytest.approx(backlogs.APPLY_AFTER_S)
+    log.accept(entries[3:6])  # enough to apply without waiting
+    assert len(log.pending) == 4 and log.apply_wait(now[0]) == 0.0
+    log.drain(pair[2].db)
+    assert held(pair[2]) == entries[5].seq
+    log.close()
+
+
+def test_a_full_backlog_is_applied_without_waiting(pair, core_clock, monkeypatch):
+    monkeypatch.setattr(backlogs, "MOST_ENTRIES", 2)
+    entries, log = logged(pair, core_clock)
+    log.accept(entries[:2])
+    assert log.full() and log.apply_wait(0.0) == 0.0
+    log.close()
+
+
 def test_at_full_durability_each_hold_is_synced_before_it_is_answered(
     pair, core_clock, monkeypatch
 ):
