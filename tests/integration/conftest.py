@@ -84,6 +84,10 @@ def make_module_broker(ray_session, tmp_path_factory) -> Iterator[Callable[..., 
     ~1.3 CPU-seconds in Ray, was most of such a test's cost)."""
     make, started = broker_factory(tmp_path_factory.mktemp("brokers"))
     yield make
+    if not ray.is_initialized():
+        # the session's Ray stopped before the module's last tests, which start clusters of
+        # their own (tests/conftest.py: pytest_runtest_teardown): its brokers went with it
+        return
     for b in started:
         b.stop()
 
