@@ -2,13 +2,14 @@
 
 As **principal** it runs a `BrokerActor` (the ordinary broker, on its own store) with the store's
 transactions captured and shipped to the mirror (`actors.mirroring.shipper`); a caller is answered
-only once the shipper says so. As **mirror** it holds only a `Store` and applies the log in order
-(`actors.mirroring.replay`); every broker verb sent to it is refused with `NotPrincipal` naming
-the principal. The mirror pings the principal; when the principal has not answered for
-`failover_after_s`, it asks the witness to promote it and then opens a broker on its store, which
-reloads everything from it (queues, dialogs, the transmission queue, timers, activation; locks
-were in memory only, so they are rolled back). A partner that learns it is no longer principal
-(its epoch is stale) closes its broker and becomes a mirror, rebuilt from the new principal.
+only once the shipper says so. As **mirror** it checks who ships to it and holds the log in a
+`MirrorStore` (`actors.mirroring.mirror_store`: held in order, applied after); every broker verb
+sent to it is refused with `NotPrincipal` naming the principal. The mirror pings the principal;
+when the principal has not answered for `failover_after_s`, it asks the witness to promote it and
+then opens a broker on its store, which reloads everything from it (queues, dialogs, the
+transmission queue, timers, activation; locks were in memory only, so they are rolled back). A
+partner that learns it is no longer principal (its epoch is stale) closes its broker and becomes
+a mirror, rebuilt from the new principal.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from actors.errors import (
     StaleEpoch,
 )
 from actors.mirroring import replay
-from actors.mirroring.backlog import Backlog, recover
-from actors.mirroring.capture import SEQ_KEY, Capture, attach
+from actors.mirroring.capture import Capture, attach
+from actors.mirroring.mirror_store import MirrorStore
 from actors.mirroring.pairkey import PairKey
 from actors.mirroring.roles import FailureDetector, Roles
 from actors.mirroring.shipper import Shipper
@@ -44,7 +45,6 @@ from actors.remote.client import direct_allowed
 from actors.remote.link import SHIP, SHIP_BYTES, RayLink, unwrap
 from actors.remote.witness import witness_name
 from actors.service.channel import ChannelServer
-from actors.store.database import Store
 
 log = logging.getLogger("raybroker")
 
@@ -52,7 +52,6 @@ WATCH_S = 0.1  # how often the mirror pings the principal (and the principal the
 PING_S = 0.3  # how long a ping may take
 PING_LATE_S = 0.15  # a ping's timeout heard this much later than PING_S tells nothing
 PING_GROUP = "ping"  # the actor's concurrency group (its own thread and loop) that answers pings
-GAP_S = 2.0  # how long a ship that arrived before the one it follows waits for it
 
 
 class PartnerActor:
@@ -75,18 +74,13 @@ class PartnerActor:
         self.capture: Capture | None = None
         self.shipper: Shipper | None = None
         self.link: RayLink | None = None  # the principal's to its mirror
-        self.store: Store | None = None  # the mirror's
-        self.backlog: Backlog | None = None  # and what it holds, not yet applied to it
-        self.backlog_failed: str | None = None  # why it could not be applied (until rebuilt)
-        self._draining: asyncio.Task | None = None  # the backlog applied on a thread
+        self.mirror: MirrorStore | None = None  # the mirror's store, and what it holds
         self.line: tuple[int, str] | None = None  # the principal (epoch, incarnation) that
         # last rebuilt this mirror; only its log applies here (None: rebuild first)
-        self.applied_at: float | None = None  # when the mirror last applied a ship
         self.became: float | None = None  # when this partner last became principal
         self.refused = 0  # verbs and deliveries refused while not principal
         self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
         self.ready = asyncio.Event()
-        self._received = asyncio.Event()  # a ship was held (a later one may go next)
         self.boot_error: BaseException | None = None
         self._switching = asyncio.Lock()
         self._channels: ChannelServer | None = None  # direct channels (when first asked)
@@ -119,11 +113,10 @@ class PartnerActor:
                 await self._become_mirror()
 
     async def _become_principal(self, record: Roles) -> None:
-        if self.store is not None:
-            await self._quiet_backlog()
-            self._drain()  # everything it held, applied before a broker opens the store
-            if self.backlog_failed:
-                why = f"its backlog cannot be applied: {self.backlog_failed}"
+        if self.mirror is not None:
+            await self.mirror.apply_all()  # everything it held, before a broker opens the store
+            if self.mirror.failed:
+                why = f"its backlog cannot be applied: {self.mirror.failed}"
                 raise NoFailover(self.broker, why)
             self._close_store()
         service = BrokerActor(self.partner, self.path, self.durability, self.limits, self.namespace)
@@ -156,20 +149,13 @@ class PartnerActor:
             await self.shipper.stop()
             await self.service.close()
             self.service = self.capture = self.shipper = None
-        self._open_store()
+        self.mirror = MirrorStore(self.path, self.durability, self.partner)
         self.acting, self.line = "mirror", None  # whoever is principal now rebuilds it
 
-    def _open_store(self) -> None:
-        """The mirror's store, with what its backlog's file held when its process stopped."""
-        store = self.store = Store(self.path, self.durability, holder=self.partner)
-        held = recover(self.path, store.db, replay.held_seq(store))
-        self.backlog = Backlog(self.path, held, sync=self.durability == "full")
-
     def _close_store(self) -> None:
-        for part in (self.backlog, self.store):
-            if part is not None:
-                part.close()
-        self.store = self.backlog = None
+        if self.mirror is not None:
+            self.mirror.close()
+        self.mirror = None
 
     async def _fence(self, synchronized: bool) -> None:
         proof = self.key.prove(self.partner, "set_synchronized")
@@ -226,8 +212,8 @@ class PartnerActor:
         return claim.get("role") == "principal" or claim.get("epoch", 0) > self.epoch
 
     async def _promote(self, manual: bool, reason: str) -> dict[str, Any]:
-        if self.backlog_failed:
-            raise NoFailover(self.broker, f"its mirror's backlog failed: {self.backlog_failed}")
+        if self.mirror is not None and self.mirror.failed:
+            raise NoFailover(self.broker, f"its mirror's backlog failed: {self.mirror.failed}")
         proof = self.key.prove(self.partner, "promote")
         ref = self.witness.promote.remote(self.partner, self.epoch, manual, reason, proof)
         record = await unwrap(ref)
@@ -263,22 +249,20 @@ class PartnerActor:
                 "became_principal_at": self.became,
                 "ships_travel": self.link.ships_travel if self.link else "-",
             }
-        elif self.backlog is not None:
+        elif (mirror := self.mirror) is not None:
             in_step = self.line is not None and self.line[0] == self.epoch
-            backlog = self.backlog
             out |= {"state": "in step" if in_step else "awaiting rebuild",
-                    "seq": backlog.received, "applied": backlog.applied_seq,
-                    "applied_at": self.applied_at,
-                    "backlog_failed": self.backlog_failed}  # fmt: skip
+                    "seq": mirror.backlog.received, "applied": mirror.backlog.applied_seq,
+                    "applied_at": mirror.applied_at, "backlog_failed": mirror.failed}  # fmt: skip
         return out
 
     async def info(self) -> dict[str, Any]:
         await self._ready()
         if self.service is not None:
             return await self.service.info() | await self.role()
-        assert self.store is not None
+        assert self.mirror is not None
         return await self.role() | {
-            "name": self.partner, "broker_id": self.store.broker_id, "path": self.path,
+            "name": self.partner, "broker_id": self.mirror.store.broker_id, "path": self.path,
             "durability": self.durability, "limits": self.limits,
             "node": ray.get_runtime_context().get_node_id(),
         }  # fmt: skip
@@ -357,105 +341,33 @@ class PartnerActor:
 
     # --- the mirror's verbs: the principal ships here (with this start's key) -------------------
 
-    async def _mirror(self, caller: str, proof: bytes, method: str, epoch: int) -> Store:
+    async def _mirror(self, caller: str, proof: bytes, method: str, epoch: int) -> MirrorStore:
         self.key.check(caller, method, proof)
         await self._ready()
         if epoch > self.epoch:  # a failover this partner has not heard of yet
             await self._refresh()
         if self.acting != "mirror" or epoch != self.epoch:
             raise StaleEpoch(f"the principal of epoch {epoch}", epoch, self.epoch)
-        assert self.store is not None
-        return self.store
+        assert self.mirror is not None
+        return self.mirror
 
     async def held(self, caller: str, proof: bytes, epoch: int, line: str) -> int:
-        await self._mirror(caller, proof, "held", epoch)
-        in_line = self.line == (epoch, line) and self.backlog is not None
-        return self.backlog.received if in_line and not self.backlog_failed else -1
+        mirror = await self._mirror(caller, proof, "held", epoch)
+        in_line = self.line == (epoch, line) and not mirror.failed
+        return mirror.backlog.received if in_line else -1
 
     async def apply(self, caller: str, proof: bytes, epoch: int, line: str, entries: list) -> int:
-        """Hold the principal's transactions (`actors.mirroring.backlog`): answered once they
-        are in the backlog's file, applied to the store just after (with whatever else waits)."""
-        backlog = await self._backlog(caller, proof, epoch, line, entries)
-        # ships under way together may arrive out of order: a later one waits (briefly) for
-        # the one before it
-        deadline = time.monotonic() + GAP_S
-        while entries and backlog.received < entries[0].seq - 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break  # the gap stays: the backlog refuses it, and the principal rebuilds
-            self._received.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._received.wait(), left)
-            backlog = await self._backlog(caller, proof, epoch, line, entries)
-        while backlog.full():  # this ship waits for it to be applied: it stays bounded
-            self._drain_soon()
-            await self._quiet_backlog()
-            backlog = await self._backlog(caller, proof, epoch, line, entries)
-        held = backlog.accept(entries)
-        self._received.set()
-        self._drain_soon()
-        return held
+        """Hold the principal's transactions (`actors.mirroring.mirror_store`): answered once
+        they are in the backlog's file, applied to the store just after (with whatever else
+        waits)."""
 
-    async def _backlog(
-        self, caller: str, proof: bytes, epoch: int, line: str, entries: list
-    ) -> Backlog:
-        await self._mirror(caller, proof, "apply", epoch)
-        if self.line != (epoch, line) or self.backlog is None or self.backlog_failed:
-            raise MirrorBehind(-1, entries[0].seq if entries else 0)
-        return self.backlog
+        async def in_line() -> None:
+            mirror = await self._mirror(caller, proof, "apply", epoch)
+            if self.line != (epoch, line) or mirror.failed:
+                raise MirrorBehind(-1, entries[0].seq if entries else 0)
 
-    def _drain_soon(self) -> None:
-        if self._draining is None:
-            self._draining = asyncio.ensure_future(self._drain_on_thread())
-
-    async def _drain_on_thread(self) -> None:
-        """Apply the backlog until nothing waits, on a thread: ships go on being held and
-        answered meanwhile (SQLite lets go of the GIL as it works). The store is not closed or
-        replaced while this runs (`_quiet_backlog` first)."""
-        try:
-            while self.store is not None and (backlog := self._open_backlog()) is not None:
-                if wait := backlog.apply_wait(time.monotonic()):  # for more to apply with
-                    await asyncio.sleep(wait)
-                    continue
-                entries = backlog.take()
-                if not entries:
-                    return
-                try:
-                    await asyncio.to_thread(backlog.apply, self.store.db, entries)
-                except Exception as exc:
-                    self._backlog_broken(exc)
-                    return
-                backlog.applied(entries)
-                self.applied_at = time.time()
-        finally:
-            self._draining = None
-
-    async def _quiet_backlog(self) -> None:
-        """Return once no drain runs on its thread (shielded: the thread cannot be stopped)."""
-        while self._draining is not None:
-            await asyncio.shield(self._draining)
-
-    def _drain(self) -> None:
-        """Apply the backlog here and now (no drain on its thread running)."""
-        backlog = self._open_backlog()
-        if self.store is None or backlog is None:
-            return
-        try:
-            backlog.drain(self.store.db)
-        except Exception as exc:
-            self._backlog_broken(exc)
-            return
-        self.applied_at = time.time()
-
-    def _open_backlog(self) -> Backlog | None:
-        return None if self.backlog_failed else self.backlog
-
-    def _backlog_broken(self, exc: Exception) -> None:
-        """A backlog that cannot be applied leaves this mirror out of step (the principal's
-        next ship rebuilds it), refusing promotion until then: it answered for transactions
-        its store does not hold."""
-        log.error("partner %s: its backlog could not be applied: %r", self.partner, exc)
-        self.backlog_failed, self.line = repr(exc)[:500], None
+        mirror = await self._mirror(caller, proof, "apply", epoch)
+        return await mirror.hold(entries, in_line)
 
     async def rebuild(
         self,
@@ -467,24 +379,16 @@ class PartnerActor:
         parts: list[bytes],
         broker_id: str,
     ) -> int:
-        await self._mirror(caller, proof, "rebuild", epoch)
-        await self._quiet_backlog()  # before the store is read, and then replaced
-        store = await self._mirror(caller, proof, "rebuild", epoch)  # (no wait: it is ready)
+        await (await self._mirror(caller, proof, "rebuild", epoch)).quiet()  # (then replaced)
+        mirror = await self._mirror(caller, proof, "rebuild", epoch)  # (no wait: it is ready)
+        store = mirror.store
         if store.broker_id != broker_id and not replay.is_blank(store):
             raise MirrorMismatch(
                 f"{self.partner!r} holds broker {store.broker_id} in {self.path!r}, not broker "
                 f"{broker_id} it would mirror; give it an empty store (or the same broker's)"
             )
-        if self.backlog is not None:  # the old line's: the snapshot replaces all it held
-            self.backlog.reset(-1)
-        self._close_store()
-        replay.install(self.path, b"".join(parts))
-        self._open_store()
-        assert self.store is not None and self.backlog is not None
-        self.store.set_meta(SEQ_KEY, str(seq))
-        self.backlog.reset(seq)
-        self.backlog_failed = None
-        self.line, self.applied_at = (epoch, line), time.time()
+        mirror.replace(b"".join(parts), seq)
+        self.line = (epoch, line)
         return seq
 
     async def close(self) -> None:
@@ -495,6 +399,6 @@ class PartnerActor:
         with contextlib.suppress(BrokerError):
             if self.service is not None:
                 await self.service.close()
-        await self._quiet_backlog()
-        self._drain()  # what the backlog holds, in the store (else its file has it)
+        if self.mirror is not None:
+            await self.mirror.apply_all()  # what it holds, in the store (else its file has it)
         self._close_store()
