@@ -250,7 +250,7 @@ class PartnerActor:
                 "ships_travel": self.link.ships_travel if self.link else "-",
             }
         elif (mirror := self.mirror) is not None:
-            in_step = self.line is not None and self.line[0] == self.epoch
+            in_step = self.line is not None and self.line[0] == self.epoch and not mirror.failed
             out |= {"state": "in step" if in_step else "awaiting rebuild",
                     "seq": mirror.backlog.received, "applied": mirror.backlog.applied_seq,
                     "applied_at": mirror.applied_at, "backlog_failed": mirror.failed}  # fmt: skip
