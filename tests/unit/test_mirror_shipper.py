@@ -92,17 +92,19 @@ def setup(made):
     return made()
 
 
-def shipper_for(core, capture, link, witness) -> Shipper:
-    return Shipper("p", capture, 1, link, witness.fence, lambda: replay.snapshot(core.store.db))
+def started(core, capture, link, witness) -> Shipper:
+    """A shipper for `core`'s log, started (in a running loop), and the catalog defined."""
+    shipper = Shipper("p", capture, 1, link, witness.fence, lambda: replay.snapshot(core.store.db))
+    shipper.start()
+    define_core_catalog(core)
+    return shipper
 
 
 def test_callers_wait_for_the_mirror_which_ends_equal_and_the_witness_synchronized(setup):
     core, capture, link, witness = setup
 
     async def go():
-        shipper = shipper_for(core, capture, link, witness)
-        shipper.start()
-        define_core_catalog(core)
+        shipper = started(core, capture, link, witness)
         await shipper.settled(capture.seq)
         assert shipper.state == "synchronized" and shipper.rebuilds == 1  # it started empty
         for _ in range(5):
@@ -121,9 +123,7 @@ def test_a_lost_mirror_is_run_without_only_once_fenced_then_rebuilt_when_back(se
     core, capture, link, witness = setup
 
     async def go():
-        shipper = shipper_for(core, capture, link, witness)
-        shipper.start()
-        define_core_catalog(core)
+        shipper = started(core, capture, link, witness)
         await shipper.settled(capture.seq)
         await apoll(lambda: witness.roles.synchronized, "synchronized")
         link.down = True
@@ -147,9 +147,7 @@ def test_a_principal_whose_epoch_is_stale_answers_not_principal(setup):
     core, capture, link, witness = setup
 
     async def go():
-        shipper = shipper_for(core, capture, link, witness)
-        shipper.start()
-        define_core_catalog(core)
+        shipper = started(core, capture, link, witness)
         await shipper.settled(capture.seq)
         await apoll(lambda: witness.roles.synchronized, "synchronized")
         witness.roles = roles.promote(
@@ -196,9 +194,7 @@ def test_ships_go_several_at_a_time_and_the_mirror_still_applies_them_in_order(m
     core, capture, link, witness = made(SlowLink)
 
     async def go():
-        shipper = shipper_for(core, capture, link, witness)
-        shipper.start()
-        define_core_catalog(core)
+        shipper = started(core, capture, link, witness)
         await shipper.settled(capture.seq)
         waits = []
         for _ in range(20):  # commits keep coming while ships are under way
@@ -230,9 +226,7 @@ def test_a_commit_is_shipped_in_its_own_step_once_the_mirror_is_in_step(made):
     core, capture, link, witness = made(EagerLink)
 
     async def go():
-        shipper = shipper_for(core, capture, link, witness)
-        shipper.start()
-        define_core_catalog(core)
+        shipper = started(core, capture, link, witness)
         try:
             await shipper.settled(capture.seq)  # in step (after a rebuild)
             for _ in range(3):
@@ -267,9 +261,7 @@ def test_a_landed_ship_wakes_the_callers_it_covers_and_not_those_after_it(made):
     core, capture, link, witness = made(HeldLink)
 
     async def go():
-        shipper = shipper_for(core, capture, link, witness)
-        shipper.start()
-        define_core_catalog(core)
+        shipper = started(core, capture, link, witness)
         await shipper.settled(capture.seq)  # caught up (through `apply`, not ships)
         open_core_dialog(core)
         first = capture.seq
