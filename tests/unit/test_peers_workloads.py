@@ -163,6 +163,7 @@ def test_a_consumer_that_loses_doubles_or_inverts_is_caught(tmp_path, monkeypatc
 def test_raw_sqlite_reports_the_synchronous_level_it_runs_at(tmp_path, durability, level):
     settings = RawSqlite(str(tmp_path), durability).settings()
     assert settings["synchronous"] == level and settings["journal_mode"] == "wal"
+    assert settings["secure_delete"] == 2  # FAST, as the broker's store
     assert settings["sqlite"] == sqlite3.sqlite_version
 
 

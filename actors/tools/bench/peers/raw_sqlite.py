@@ -31,6 +31,7 @@ def connect(path: str, synchronous: str) -> sqlite3.Connection:
     db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
     db.execute("PRAGMA journal_mode=WAL")
     db.execute(f"PRAGMA synchronous={synchronous}")
+    db.execute("PRAGMA secure_delete=FAST")  # as the broker's store (Debian's default is ON)
     return db
 
 
@@ -55,9 +56,15 @@ class RawSqlite:
         try:
             level = db.execute("PRAGMA synchronous").fetchone()[0]  # 1 NORMAL, 2 FULL
             mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+            erase = db.execute("PRAGMA secure_delete").fetchone()[0]  # 2: FAST
         finally:
             db.close()
-        return {"synchronous": level, "journal_mode": mode, "sqlite": sqlite3.sqlite_version}
+        return {
+            "synchronous": level,
+            "journal_mode": mode,
+            "secure_delete": erase,
+            "sqlite": sqlite3.sqlite_version,
+        }
 
     def open(self, w: Workload) -> dict[str, Any]:
         self.runs += 1  # a file of its own: the last run's processes may still be closing theirs
