@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,6 +46,17 @@ def in_own_process(
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def script_result(run: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The `RESULT {json}` a check script printed last; fails naming its error, reader error or
+    timeout (and the script's last output) when it recorded one."""
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
+    r = json.loads(lines[-1].removeprefix("RESULT "))
+    failed = {k: r[k] for k in ("error", "reader_error", "timeout") if k in r}
+    assert not failed, f"{failed}\n{run.stderr[-3000:]}"
+    return r
 
 
 @pytest.fixture(scope="session")

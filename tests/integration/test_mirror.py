@@ -41,7 +41,7 @@ from actors.tools.cli import main
 from actors.tools.mirror import summary
 from tests.polling import process_gone, wait_until
 
-from .conftest import in_own_process
+from .conftest import in_own_process, script_result
 
 SCRIPT = Path(__file__).with_name("mirror_check.py")
 
@@ -49,10 +49,7 @@ SCRIPT = Path(__file__).with_name("mirror_check.py")
 @pytest.mark.slow
 def test_a_mirrored_broker_loses_its_principals_node_mid_stream_and_nothing_is_lost():
     run = in_own_process([str(SCRIPT)], timeout=400, quiet=True)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
-    r = json.loads(lines[-1].removeprefix("RESULT "))
-    assert "error" not in r and "reader_error" not in r and "timeout" not in r, r
+    r = script_result(run)
     # principal and mirror on two nodes, the witness on the head
     assert r["apart"] and r["witness_on_head"] and r["first_principal"] == "mm-a", r
     # the principal's node removed mid-stream: the mirror took over, in bounded time (how fast

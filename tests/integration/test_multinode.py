@@ -8,12 +8,11 @@ prints one `RESULT {json}` line, checked here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from .conftest import in_own_process
+from .conftest import in_own_process, script_result
 
 SCRIPT = Path(__file__).with_name("multinode_check.py")
 
@@ -21,10 +20,7 @@ SCRIPT = Path(__file__).with_name("multinode_check.py")
 @pytest.mark.slow
 def test_brokers_follow_their_placement_and_survive_the_loss_of_their_node():
     run = in_own_process([str(SCRIPT)], timeout=300, quiet=True)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no RESULT line (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
-    r = json.loads(lines[-1].removeprefix("RESULT "))
-    assert "error" not in r and "reader_error" not in r, r
+    r = script_result(run)
 
     # placed as the topology declares: mn-shop on the zone_a node, mn-store on a zone_b node
     assert r["placement"] == {"mn-shop": "A", "mn-store": "B"}, r
