@@ -22,7 +22,7 @@ import msgpack
 
 from actors.packing import one_or_all, packb
 from actors.store.file import Connection, marks, parts
-from actors.store.segments import MAX_BYTES, MAX_MESSAGES, room_for
+from actors.store.segments import room_for
 
 TRANSMISSION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS transmission_runs (
@@ -37,6 +37,14 @@ _INSERT = (
     "to_broker, status, enqueued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _COLUMNS = "id, endpoint_no, first_seq, parts, to_service, to_broker, attempts, enqueued_at"
+
+# A row ends at this many messages or bytes of bodies. Its messages are sent, acknowledged and
+# retried together (an acknowledgement of part of it, rare, rewrites the rest), so it can be
+# larger than a queue's segment, of which a receive may read a few messages: a call's worth
+# (`Limits.batch_rows`), so that a sender's batch of a thousand is written, read back, sent and
+# deleted as one row, not four.
+ROW_MESSAGES = 4096
+ROW_BYTES = 1 << 20
 
 # A run, as the core hands them over: (endpoint_no, first_seq, type, bodies, to_service,
 # to_broker, status, enqueued_at); its messages have sequence numbers first_seq and on.
@@ -82,10 +90,12 @@ def _waiting(row: Sequence[Any]) -> Waiting:
     return Waiting(i, ep, first, types, bodies, to_service, to_broker, attempts, at)
 
 
-def rows_of(runs: Iterable[Run]) -> list[tuple[Any, ...]]:
+def rows_of(
+    runs: Iterable[Run], most: int = ROW_MESSAGES, most_bytes: int = ROW_BYTES
+) -> list[tuple[Any, ...]]:
     """One transaction's runs as transmission rows: the runs of one endpoint that go on from
     each other (the next sequence number, the same target, status and time) share a row, up to
-    the segment limits, in the order each endpoint first appears."""
+    `most` messages and `most_bytes` of bodies, in the order each endpoint first appears."""
     open_rows: dict[int, list[Any]] = {}  # endpoint -> its last row: [head, types, bodies, size]
     out: list[list[Any]] = []
     for run in runs:
@@ -93,12 +103,12 @@ def rows_of(runs: Iterable[Run]) -> list[tuple[Any, ...]]:
         row = open_rows.get(ep)
         goes_on = row is not None and row[0][1] + len(row[2]) == first and row[0][4:] == run[4:]
         size = sum(map(len, bodies))
-        if goes_on and len(row[2]) + len(bodies) <= MAX_MESSAGES and row[3] + size <= MAX_BYTES:
+        if goes_on and len(row[2]) + len(bodies) <= most and row[3] + size <= most_bytes:
             row[1] += [mt] * len(bodies)  # the usual cases: it fits whole
             row[2] += bodies
             row[3] += size
             continue
-        if not goes_on and len(bodies) <= MAX_MESSAGES and size <= MAX_BYTES:
+        if not goes_on and len(bodies) <= most and size <= most_bytes:
             if bodies:
                 head = (ep, first, *run[2:])
                 row = open_rows[ep] = [head, [mt] * len(bodies), list(bodies), size]
@@ -110,7 +120,7 @@ def rows_of(runs: Iterable[Run]) -> list[tuple[Any, ...]]:
             if not goes_on:
                 row = open_rows[ep] = [(ep, first + start, *run[2:]), [], [], 0]
                 out.append(row)
-            k = room_for(ends, start, MAX_MESSAGES - len(row[2]), MAX_BYTES - row[3])
+            k = room_for(ends, start, most - len(row[2]), most_bytes - row[3])
             k = k or int(not row[2])  # a body over the byte limit alone makes a row of one
             row[1] += [mt] * k
             row[2] += bodies[start : start + k]

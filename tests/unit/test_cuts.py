@@ -15,14 +15,21 @@ from actors.store.transmission import rows_of, unpack_parts
 SIZES = st.one_of(st.integers(0, 600), st.integers(MAX_BYTES - 10, MAX_BYTES + 10))
 
 
-def body_by_body(sizes: list[list[int]], held: int = 0, held_bytes: int = 0) -> list[list[int]]:
-    """The rule as it reads: a body joins the open row when the row has room for it, or when
-    the row is empty; else it opens a new row. Runs that go on from each other share rows."""
+def body_by_body(
+    sizes: list[list[int]],
+    held: int = 0,
+    held_bytes: int = 0,
+    most: int = MAX_MESSAGES,
+    most_bytes: int = MAX_BYTES,
+) -> list[list[int]]:
+    """The rule as it reads: a body joins the open row when the row has room for it (`most`
+    messages, `most_bytes` of bodies), or when the row is empty; else it opens a new row. Runs
+    that go on from each other share rows."""
     rows: list[list[int]] = [[0] * held] if held else []
     size = held_bytes
     for run in sizes:
         for n in run:
-            if rows and len(rows[-1]) < MAX_MESSAGES and (size + n <= MAX_BYTES):
+            if rows and len(rows[-1]) < most and (size + n <= most_bytes):
                 rows[-1].append(n)
                 size += n
             else:
@@ -56,7 +63,7 @@ def test_a_dialogs_runs_are_cut_into_transmission_rows_as_the_rule_reads(sizes):
         runs.append((7, first, "A", bodies, "To", None, "", 1.0))
         first += len(run)
 
-    rows = rows_of(runs)
+    rows = rows_of(runs, MAX_MESSAGES, MAX_BYTES)  # the rule at a segment's limits: small
 
     got = [[len(b) for b in unpack_parts(r[3])[1]] for r in rows]
     assert got == body_by_body(sizes)

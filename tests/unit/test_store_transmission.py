@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from actors.store.database import Store
 from actors.store.segments import MAX_BYTES, MAX_MESSAGES
-from actors.store.transmission import rows_of
+from actors.store.transmission import ROW_BYTES, ROW_MESSAGES, rows_of
 from actors.transport.outbound import Outbound
 
 
@@ -48,13 +48,25 @@ def test_one_transactions_runs_on_one_endpoint_are_one_row_and_other_endpoints_t
     assert [(r[0], r[1], r[2]) for r in rows] == [(1, 0, 2), (2, 7, 7), (1, 5, 5), (2, 8, 8)]
 
 
-def test_a_run_longer_than_a_segment_is_cut_where_the_limits_say(store):
-    bodies = [b"%d" % i for i in range(MAX_MESSAGES * 2 + 3)]
-    big = [b"x" * (MAX_BYTES // 2 + 1)] * 3  # two of them do not fit one row
+def test_a_batch_of_a_thousand_is_one_row_though_it_is_four_segments_long(store):
+    # a row's messages go and are retried together: a sender's batch is written, read back,
+    # sent and deleted as one row (a queue cuts the same run into segments of 256)
+    bodies = [b"x" * 100] * 1000
+    assert len(bodies) > 3 * MAX_MESSAGES and 100 * len(bodies) > MAX_BYTES
+    with store.tx():
+        store.insert_transmission([_run(1, 0, bodies)])
+    [row] = store.endpoint_transmission(1)
+    assert (row.first_seq, row.last_seq, row.bodies) == (0, 999, bodies)
+
+
+def test_a_run_longer_than_a_row_is_cut_where_the_limits_say(store):
+    bodies = [b"%d" % i for i in range(ROW_MESSAGES * 2 + 3)]
+    big = [b"x" * (ROW_BYTES // 2 + 1)] * 3  # two of them do not fit one row
     with store.tx():
         store.insert_transmission([_run(1, 0, bodies), _run(2, 0, big)])
     spans = [(r.first_seq, r.last_seq) for r in store.endpoint_transmission(1)]
-    assert spans == [(0, 255), (256, 511), (512, 514)]
+    n = ROW_MESSAGES
+    assert spans == [(0, n - 1), (n, 2 * n - 1), (2 * n, 2 * n + 2)]
     assert [len(r.bodies) for r in store.endpoint_transmission(2)] == [1, 1, 1]
     assert [b for _, _, b in _messages(store, 1)] == bodies
     assert store.transmission_depth() == len(bodies) + 3
