@@ -398,10 +398,11 @@ class Verbs:
         return self._call("view", "events", {"after_id": after_id, "limit": limit})
 
     def audit(self, after_id: int = 0, limit: int = 1000) -> Any:
-        """Delivery records after `after_id`, one per committed message, oldest first: at most
-        `limit` commits' worth. Returns {"records": [...], "next": id to pass as `after_id`,
-        "missed": commits the audit's bound dropped before they were read}
-        (see `actors.store.audit` for the record's fields)."""
+        """Delivery records after `after_id`, one per committed message, oldest first, whole
+        commits: at most `limit` commits, none after the one that brings the records to `limit`.
+        Returns {"records": [...], "next": id to pass as `after_id`, "missed": commits the
+        audit's bound dropped before they were read} (see `actors.store.audit` for the record's
+        fields)."""
         return self._call("view", "audit", {"after_id": after_id, "limit": limit})
 
     def router(self, queue: str, service: str) -> Any:

@@ -152,7 +152,8 @@ class BrokerCore:
         return views.events(self.store, after_id, limit)
 
     def audit(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]:
-        """Delivery records after `after_id` (at most `limit` commits) and the id to pass next:
+        """Delivery records after `after_id` (whole commits, at most `limit` of them, none after
+        the one that brings the records to `limit`) and the id to pass next:
         {"records": [...], "next": id, "missed": n}. `missed` counts the commits after `after_id`
         that the audit's bound (Limits.audit_rows) dropped before this read: their records are
         gone, so a reader can say "not known" rather than "lost"."""

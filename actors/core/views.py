@@ -168,8 +168,10 @@ def events(store: Store, after_id: int = 0, limit: int = 1000) -> list[dict[str,
 
 
 def audit(store: Store, after_id: int = 0, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
-    """Delivery records after audit row `after_id` (at most `limit` commits), oldest first, and
-    the last audit row id read (0: none)."""
+    """Delivery records after audit row `after_id`, oldest first, whole commits: at most `limit`
+    commits, and none after the one that brings the records to `limit` (a commit of a busy
+    broker holds thousands; a page of a thousand of them, built and sent in one answer, held the
+    broker for seconds). Also the last audit row id read (0: none)."""
     checks.page(after_id, limit)
     out: list[dict[str, Any]] = []
     last = 0
@@ -179,4 +181,6 @@ def audit(store: Store, after_id: int = 0, limit: int = 1000) -> tuple[list[dict
             r["audit_id"] = aid  # the commit's place in this broker's audit
         out += recs
         last = aid
+        if len(out) >= limit:
+            break
     return out, last

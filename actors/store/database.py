@@ -368,10 +368,17 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
     def insert_audit(self, at: float, payload: bytes) -> None:
         self.db.execute("INSERT INTO audit (at, payload) VALUES (?, ?)", (at, payload))
 
-    def audit_rows(self, after_id: int, limit: int) -> list[tuple[int, float, bytes]]:
-        return self.db.execute(
+    def audit_rows(self, after_id: int, limit: int) -> Iterator[tuple[int, float, bytes]]:
+        """The audit's rows after `after_id`, at most `limit`, read as they are wanted (a reader
+        that has enough stops early)."""
+        cur = self.db.execute(
             "SELECT id, at, payload FROM audit WHERE id>? ORDER BY id LIMIT ?", (after_id, limit)
-        ).fetchall()
+        )
+        try:
+            while rows := cur.fetchmany(16):
+                yield from rows
+        finally:
+            cur.close()
 
     def audit_first_id(self) -> int | None:
         """The oldest audit row still kept (None: none kept)."""

@@ -258,6 +258,20 @@ def test_the_audit_cursor_pages_through_every_record_once(broker):
     assert [r["sequence_number"] for r in read_all(broker.audit, page=1)[0]] == seqs
 
 
+def test_an_audit_page_ends_with_the_commit_that_reaches_its_limit_in_records(broker):
+    # a busy broker's commit holds thousands of records: a page of `limit` commits was built
+    # and sent in one answer and held the broker for seconds (its mirror took over)
+    h = broker.begin_dialog("S", "S", "C")
+    for n in (3, 4, 2):  # three commits of 3, 4 and 2 messages
+        broker.apply([Send(h, "M", [b"m"] * n)])
+        broker.commit(broker.receive("Q"))
+    page = broker.audit(limit=5)  # the second commit brings the records to 7 >= 5: it ends there
+    assert len(page["records"]) == 7 and len({r["audit_id"] for r in page["records"]}) == 2
+    rest = broker.audit(after_id=page["next"], limit=5)
+    assert [r["sequence_number"] for r in page["records"] + rest["records"]] == list(range(9))
+    assert len(broker.audit(limit=1)["records"]) == 3  # a commit is never split
+
+
 def test_catalog_verbs_take_the_definition_class_or_its_kind_name(broker):
     broker.alter(Queue, "Q", poison_limit=2)
     assert broker.queues()["Q"]["enabled"]

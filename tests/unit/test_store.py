@@ -598,7 +598,7 @@ def test_events_are_read_after_an_id_up_to_a_limit(store):
 def test_audit_rows_are_read_after_an_id_up_to_a_limit(store):
     for i in range(1, 6):
         store.insert_audit(float(i), f"p{i}".encode())
-    assert store.audit_rows(after_id=1, limit=2) == [(2, 2.0, b"p2"), (3, 3.0, b"p3")]
+    assert list(store.audit_rows(after_id=1, limit=2)) == [(2, 2.0, b"p2"), (3, 3.0, b"p3")]
 
 
 @pytest.mark.parametrize("table", ["events", "audit"])
