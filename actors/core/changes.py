@@ -58,7 +58,7 @@ class Changes:
     __slots__ = (
         "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
         "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
-        "after", "sent", "passed", "_queued", "_queued_n",
+        "after", "sent", "passed", "states", "_queued", "_queued_n",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -81,6 +81,9 @@ class Changes:
         self.after: list[Callable[[], None]] = []
         self.sent = 0  # messages sent (for the broker's counts)
         self.passed = 0  # of those, passed through at arrival (`Delivery.pass_through`)
+        # groups' states (state, group no) written after its new groups: a router replica's
+        # mapping of a group begun in this unit (`Conversations.route_first`)
+        self.states: list[tuple[bytes, int]] | None = None
         self._queued: set[int] = set()  # groups of the first `_queued_n` arrivals (`queued_groups`)
         self._queued_n = 0
 

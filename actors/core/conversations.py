@@ -3,6 +3,7 @@ applied in order inside one unit of work (a batch, or a commit's operations)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,8 +11,10 @@ from actors.calls.envelope import Begin, End, Op, Send, Timer, check_call_size
 from actors.core.changes import Changes
 from actors.core.delivery import Delivery
 from actors.core.work import Part, UnitOfWork
+from actors.ddr import router
 from actors.errors import (
     BodyTooLarge,
+    BrokerError,
     ContractViolation,
     ConversationEnded,
     ConversationNotFound,
@@ -165,6 +168,39 @@ class Conversations(Part):
         if relayed is not None:
             w.touch(relayed).onward, ep.onward = ep.no, relayed.no
         return op.handle
+
+    def route_first(self, w: Changes, ep: Endpoint, mt: str, body: bytes) -> Endpoint | None:
+        """The first message of a new inbound dialog `ep` on a router replica's idle group
+        (`Delivery._router_idle`), classified as it arrives: the outbound dialog begun to the
+        target, relaying `ep`, and the mapping written as the group's state, as the router's
+        handler would a turn later (actors.ddr.router). None: the handler decides (redirect
+        mode, a classifier that fails, or a Begin that is refused: its error path says why)."""
+        st = self.state
+        group = st.groups[ep.group_no]
+        act = st.catalog.queue(group.queue).activation
+        assert act is not None  # checked by the caller
+        routed = router.routed_at_arrival(act.options, body, mt)
+        if routed is None:
+            return None
+        cfg, target = routed
+        op = Begin(
+            cfg.service,
+            target,
+            ep.contract,
+            related_group=group.group_id,
+            encryption=cfg.encryption,
+            relays=ep.handle,
+        )
+        try:  # its checks come before it changes anything
+            self.begin(w, op)
+        except BrokerError:
+            return None
+        pairs = {ep.handle: router.new_pair(ep.handle, op.handle, target, w.now)}
+        w.states = [*(w.states or ()), (json.dumps(pairs).encode(), group.no)]
+        group.stateful = True
+        w.undo.append(lambda: setattr(group, "stateful", False))
+        w.after.append(lambda: router.tally(cfg.service, routed=1))
+        return st.endpoints.get(ep.onward)
 
     def _relayed(self, op: Begin, group_no: int, contract: str) -> Endpoint:
         """The dialog a Begin `relays` (see `Begin`): the target side of a dialog in the group

@@ -7,7 +7,7 @@ transmission queue when the far side is elsewhere (or not reachable yet).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 
 from actors.core.changes import Arrived, Changes, Removed
@@ -15,7 +15,15 @@ from actors.core.readcache import ROW_OVERHEAD
 from actors.core.work import Part
 from actors.errors import ContractViolation
 from actors.ids import new_uuid
-from actors.model.catalog import ECHO, ECHO_CONTRACT, ERROR, SYSTEM_TYPES, Service
+from actors.model.catalog import (
+    ECHO,
+    ECHO_CONTRACT,
+    ERROR,
+    ROUTER_HANDLER,
+    SYSTEM_TYPES,
+    Queue,
+    Service,
+)
 from actors.model.dialogs import (
     CONTRACT_NOT_ACCEPTED,
     CONVERSATION_CLEANED_UP,
@@ -31,6 +39,11 @@ from actors.store import audit
 
 
 class Delivery(Part):
+    # A router replica's first message of a new inbound dialog: (unit, endpoint, message type,
+    # first body) -> the outbound dialog it begun (relaying `ep`) to send the messages on, or
+    # None to queue them for the router's handler (`Conversations.route_first`).
+    route_first: Callable[[Changes, Endpoint, str, bytes], Endpoint | None] | None = None
+
     # --- routing decisions ---------------------------------------------------------------------
 
     def next_hops(self, ep: Endpoint, now: float) -> tuple[Match, list[Hop]]:
@@ -238,6 +251,11 @@ class Delivery(Part):
             return
         if far.onward is not None and self.pass_through(w, far, mt, bodies, first_seq, sent_at):
             return
+        if first_seq == 0 and self.route_first is not None and self._router_idle(w, far, mt):
+            onward = self.route_first(w, far, mt, bodies[0])
+            if onward is not None:
+                self._passed(w, far, onward, mt, bodies, first_seq, sent_at)
+                return
         self.enqueue(w, far, mt, bodies, first_seq, sent_at)
 
     def pass_through(
@@ -255,13 +273,23 @@ class Delivery(Part):
         dialog could be sent before these), both dialogs are open, and the queue is enabled and
         keeps nothing. Recorded in the audit as received and committed here. False: they take
         the queue."""
+        onward = self.state.endpoints.get(ep.onward)
+        if onward is None or not onward.open or onward.group_no != ep.group_no:
+            return False
+        if self._idle_queue(w, ep, mt) is None:
+            return False
+        self._passed(w, ep, onward, mt, bodies, first_seq, sent_at)
+        return True
+
+    def _idle_queue(self, w: Changes, ep: Endpoint, mt: str) -> Queue | None:
+        """The queue of `ep`'s group if a data message `mt` arriving on it may be sent on at
+        once, as a reader of the group would send it (None: it takes the queue): the dialog
+        is open, nothing of the group waits or is held by a reader (so nothing could be sent
+        before it), and the queue is enabled and keeps nothing."""
         st = self.state
         g = ep.group_no
         if mt in SYSTEM_TYPES or ep.state is not State.CONVERSING or st.locks.is_locked(g):
-            return False
-        onward = st.endpoints.get(ep.onward)
-        if onward is None or not onward.open or onward.group_no != g:
-            return False
+            return None
         queue = st.catalog.queue(st.groups[g].queue)
         if (
             not queue.enabled
@@ -269,14 +297,39 @@ class Delivery(Part):
             or st.queue_index(queue.name).pending.get(g)
             or g in w.queued_groups()  # queued earlier in this unit
         ):
+            return None
+        return queue
+
+    def _router_idle(self, w: Changes, ep: Endpoint, mt: str) -> bool:
+        """Whether the first message `mt` of dialog `ep` arrives at an idle group of a router
+        replica's queue (its activation runs the router's handler), with no state yet (no
+        mapping of the group's: a new inbound dialog)."""
+        if ep.is_initiator or self.state.groups[ep.group_no].stateful:
             return False
+        queue = self._idle_queue(w, ep, mt)
+        act = None if queue is None else queue.activation
+        return act is not None and act.enabled and act.handler == ROUTER_HANDLER
+
+    def _passed(
+        self,
+        w: Changes,
+        ep: Endpoint,
+        onward: Endpoint,
+        mt: str,
+        bodies: Sequence[bytes],
+        first_seq: int,
+        sent_at: float | None,
+    ) -> None:
+        """Messages arriving on `ep` sent on on `onward` in the same unit: recorded in the audit
+        as received and committed here."""
+        st = self.state
         n, now = len(bodies), w.now
         sent = now if sent_at is None else sent_at
-        w.audit.append(audit.encode_run(st.broker_id, queue.name, now, ep, mt, first_seq, n, sent))
+        queue = st.groups[ep.group_no].queue
+        w.audit.append(audit.encode_run(st.broker_id, queue, now, ep, mt, first_seq, n, sent))
         self.transmit(w, onward, mt, bodies)
         w.sent += n
         w.passed += n
-        return True
 
     def enqueue(
         self,

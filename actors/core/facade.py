@@ -45,6 +45,7 @@ class BrokerCore:
         self.uow = UnitOfWork(self.state, store, clock)
         self.delivery = Delivery(self.uow)
         self.conversations = Conversations(self.uow, self.delivery)
+        self.delivery.route_first = self.conversations.route_first
         self.receiving = Receiving(self.uow, self.conversations)
         self.admin = Admin(self.uow, self.delivery)
         self.timers = Timers(self.uow, self.delivery, self.receiving)

@@ -327,6 +327,8 @@ class UnitOfWork:
             self._remember_ended(w)
             if gone:
                 self._drop_groups(w, gone)
+        if w.states:
+            store.set_group_states(w.states)
         if w.messages:
             store.insert_messages(w.messages)
         if w.transmission:

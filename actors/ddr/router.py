@@ -8,6 +8,9 @@ begins share one group, so one lock serializes both directions):
 4. and forwards the message; later messages go through without classifying, replies back
    (the outbound dialog `relays` the inbound one: while the group has nothing waiting, the
    broker sends them on at arrival, as this handler would, without the queue);
+   a replica's broker does steps 1-4 itself for the first message of a new inbound dialog as
+   it arrives, in the transaction that stores the arrival, when its group idles and the
+   classifier answers (`routed_at_arrival`): no queue row and no reader turn for it either;
 5. an EndDialog on either side ends the other and this one; an Error is wrapped (code and
    description kept) and passed on, and both dialogs end; the mapping then goes.
 Redirect mode answers the initiator with a `Redirect` message naming the service, and ends.
@@ -109,7 +112,8 @@ _stats: dict[str, Counter] = {}
 _stats_lock = threading.Lock()
 
 
-def _count(service: str, **n: int) -> None:
+def tally(service: str, **n: int) -> None:
+    """Add to a routing service's counts in this process (`stats`)."""
     with _stats_lock:
         _stats.setdefault(service, Counter()).update(n)
 
@@ -145,7 +149,7 @@ def route_messages(group: ReceivedGroup, ctx: Any) -> None:
         index += n
         i = j
     out.flush()
-    _count(cfg.service, forwarded=out.forwarded)
+    tally(cfg.service, forwarded=out.forwarded)
     live = {h: p for h, p in pairs.items() if not (p["in_ended"] and p["out_ended"])}
     ctx.set_state(json.dumps(live).encode() if live else None)
 
@@ -220,7 +224,7 @@ def _route(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Me
             if mt == ERROR:
                 code, text = _wrapped(cfg, m)
                 ctx.end(pair[other], error=code, description=text)
-                _count(cfg.service, errors=1)
+                tally(cfg.service, errors=1)
             else:
                 ctx.end(pair[other])
             pair[f"{other}_ended"] = True
@@ -230,19 +234,41 @@ def _route(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Me
     ctx.send(pair[other], mt, m.body)
 
 
+def new_pair(inbound: str, outbound: str | None, target: str | None, since: float) -> dict:
+    """A mapping as the group's state holds it (`json.dumps` of {inbound: pair})."""
+    pair = {"in": inbound, "out": outbound, "target": target, "since": since}
+    pair.update(in_ended=False, out_ended=outbound is None)  # no outbound yet: nothing to end
+    return pair
+
+
+def routed_at_arrival(
+    options: Mapping[str, Any] | None, body: bytes, message_type: str
+) -> tuple[RouterConfig, str] | None:
+    """(config, target service) for the first message of a new inbound dialog, classified as
+    it arrives at a replica's broker, which then begins the outbound dialog and forwards it in
+    the transaction that stores the arrival, as `_open` would a turn later (no queue row, no
+    reader turn). None: the handler decides (redirect mode; a classifier that fails, so its
+    error path names why)."""
+    cfg = RouterConfig.from_options(options or {})
+    if cfg.mode != "forward":
+        return None
+    target, problem = classify(cfg, body, message_type)
+    if problem is not None:
+        return None
+    return cfg, target  # type: ignore[return-value]
+
+
 def _open(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Message) -> None:
     h = m.conversation_handle
-    pair = {"in": h, "out": None, "target": None, "since": time.time()}
-    pair.update(in_ended=False, out_ended=True)  # no outbound yet
-    pairs[h] = pair
-    target, problem = _classify(cfg, m)
+    pair = pairs[h] = new_pair(h, None, None, time.time())
+    target, problem = classify(cfg, m.body, m.message_type)
     if problem is not None:
         ctx.end(h, error=ROUTING_FAILED, description=problem[:MAX_ERROR_DESCRIPTION])
         pair["in_ended"] = True
-        _count(cfg.service, errors=1)
+        tally(cfg.service, errors=1)
         return
     pair["target"] = target
-    _count(cfg.service, routed=1)
+    tally(cfg.service, routed=1)
     if cfg.mode == "redirect":
         ctx.answer(h, REDIRECT_TYPE, json.dumps({"service": target}).encode())
         ctx.end(h)
@@ -260,15 +286,15 @@ def _open(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Mes
     ctx.send(out, m.message_type, m.body)
 
 
-def _classify(cfg: RouterConfig, m: Message) -> tuple[str | None, str | None]:
+def classify(cfg: RouterConfig, body: bytes, message_type: str) -> tuple[str | None, str | None]:
     """(target, None), or (None, why not) in words an operator can act on."""
     who = f"router {cfg.service}: classifier {cfg.classifier}"
     try:
         fn = import_code(cfg.classifier)  # checked where it was defined and launched
         options = {"targets": list(cfg.targets), **cfg.classifier_options}
-        value = fn(m.body, m.message_type, options)
+        value = fn(body, message_type, options)
     except Exception as exc:  # the classifier is user code: any failure ends only this dialog
-        return None, f"{who} failed on a {m.message_type!r} message: {type(exc).__name__}: {exc}"
+        return None, f"{who} failed on a {message_type!r} message: {type(exc).__name__}: {exc}"
     if not isinstance(value, str):
         return None, f"{who} returned {value!r}, not a service name"
     if value not in cfg.targets:

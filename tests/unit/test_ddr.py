@@ -285,3 +285,39 @@ def test_runs_of_messages_in_one_group_are_routed_as_their_first_and_ends_follow
     (err,) = take(broker, "InitQ", 1)  # the dialog that failed: its Error, nothing forwarded
     assert (err.conversation_handle, err.message_type) == (bad.handle, ERROR)
     assert not broker.receive("EUQ", max_groups=10)
+
+
+def test_a_new_dialog_is_routed_as_it_arrives_without_a_turn_of_the_routers_handler(broker):
+    start_router(broker)
+    routed = broker.router("RouterQ", "SalesRouter")["routed"]  # counted per process
+    h = order(broker, "EU", 3)
+
+    # forwarded in the transaction that stored its arrival: already at the target, in order,
+    # and the router's queue never held it (no reader turn)
+    waiting = broker.queue("EUQ")
+    assert [(m["sequence_number"], m["status"]) for m in waiting] == [
+        (i, "waiting") for i in range(3)
+    ]
+    router_queue = broker.queues()["RouterQ"]
+    assert (router_queue["depth"], router_queue["removed"]) == (0, 0)
+    view = broker.router("RouterQ", "SalesRouter")
+    (m,) = view["mappings"]
+    assert (m["inbound"] != h, m["target_service"]) == (True, "SalesEU")
+    assert (view["passed_through"], view["routed"]) == (3, routed + 1)
+    # the mapping is the handler's: an end from the initiator still reaches the target
+    broker.end_conversation(h)
+    got = take(broker, "EUQ", 4)
+    assert [json.loads(x.body)["line"] for x in got[:3]] == [0, 1, 2]
+    assert got[3].message_type == END_DIALOG
+    wait_until(lambda: broker.router("RouterQ", "SalesRouter")["mappings"] == [])
+
+
+def test_with_its_activation_off_a_router_queue_holds_new_dialogs_for_its_handler(broker):
+    start_router(broker)
+    broker.alter(Queue, "RouterQ", activation={"enabled": False})
+    order(broker, "US", 2)
+
+    assert broker.queues()["RouterQ"]["depth"] == 2 and broker.queue("USQ") == []
+    broker.alter(Queue, "RouterQ", activation={"enabled": True})
+    assert [json.loads(m.body)["line"] for m in take(broker, "USQ", 2)] == [0, 1]
+    assert broker.router("RouterQ", "SalesRouter")["passed_through"] == 0
