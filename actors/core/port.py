@@ -53,8 +53,8 @@ class CorePort(Part):
     def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None:
         return self.state.endpoints.by_conversation(conversation_id, is_initiator)
 
-    def ended_recv_seq(self, conversation_id: str) -> int | None:
-        return self.store.ended_recv_seq(conversation_id)
+    def ended_recv_seqs(self, conversation_ids: Sequence[str]) -> dict[str, int]:
+        return self.store.ended_recv_seqs(conversation_ids)
 
     def has_waiting(self) -> bool:
         return bool(self.state.parked)

@@ -22,6 +22,7 @@ dialogs are not affected. All of this is plain Python over `HandlerContext`.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -249,13 +250,29 @@ def routed_at_arrival(
     the transaction that stores the arrival, as `_open` would a turn later (no queue row, no
     reader turn). None: the handler decides (redirect mode; a classifier that fails, so its
     error path names why)."""
-    cfg = RouterConfig.from_options(options or {})
+    cfg = _config(options or {})
     if cfg.mode != "forward":
         return None
     target, problem = classify(cfg, body, message_type)
     if problem is not None:
         return None
     return cfg, target  # type: ignore[return-value]
+
+
+# the replicas' configurations as their brokers last read them: an arrival of a new dialog asks
+# once per dialog, and the options change only by an ALTER (a new object)
+_configs: dict[int, tuple[Mapping[str, Any], RouterConfig]] = {}
+
+
+def _config(options: Mapping[str, Any]) -> RouterConfig:
+    known = _configs.get(id(options))
+    if known is not None and known[0] is options:
+        return known[1]
+    cfg = RouterConfig.from_options(options)
+    if len(_configs) >= 64:
+        _configs.clear()
+    _configs[id(options)] = (options, cfg)
+    return cfg
 
 
 def _open(cfg: RouterConfig, pairs: dict, group: ReceivedGroup, ctx: Any, m: Message) -> None:
@@ -290,7 +307,7 @@ def classify(cfg: RouterConfig, body: bytes, message_type: str) -> tuple[str | N
     """(target, None), or (None, why not) in words an operator can act on."""
     who = f"router {cfg.service}: classifier {cfg.classifier}"
     try:
-        fn = import_code(cfg.classifier)  # checked where it was defined and launched
+        fn = _classifier(cfg.classifier)  # checked where it was defined and launched
         options = {"targets": list(cfg.targets), **cfg.classifier_options}
         value = fn(body, message_type, options)
     except Exception as exc:  # the classifier is user code: any failure ends only this dialog
@@ -303,6 +320,11 @@ def classify(cfg: RouterConfig, body: bytes, message_type: str) -> tuple[str | N
             f"{list(cfg.targets)}"
         )
     return value, None
+
+
+@functools.lru_cache(maxsize=64)
+def _classifier(path: str) -> Any:
+    return import_code(path)
 
 
 def _wrapped(cfg: RouterConfig, m: Message) -> tuple[int, str]:

@@ -22,13 +22,20 @@ class EndedTraces:
             "INSERT INTO ended (conversation_id, recv_seq, at) VALUES (?,?,?)", rows
         )
 
-    def ended_recv_seq(self, conversation_id: str) -> int | None:
-        """How many messages the removed target endpoint of `conversation_id` took (None: no
-        such endpoint is remembered)."""
-        row = self.db.execute(
-            "SELECT MAX(recv_seq) FROM ended WHERE conversation_id=?", (conversation_id,)
-        ).fetchone()
-        return row[0]
+    def ended_recv_seqs(self, conversation_ids: Iterable[str]) -> dict[str, int]:
+        """How many messages the removed target endpoint of each of `conversation_ids` took,
+        for those this broker remembers (one statement per few hundred: an arrival asks for
+        every new dialog of its bundles at once)."""
+        out: dict[str, int] = {}
+        for part in parts(list(conversation_ids)):
+            out.update(
+                self.db.execute(
+                    "SELECT conversation_id, MAX(recv_seq) FROM ended "
+                    f"WHERE conversation_id IN ({marks(part)}) GROUP BY conversation_id",
+                    part,
+                ).fetchall()
+            )
+        return out
 
     def prune_ended(self, before: float) -> None:
         self._prune_before(("ended",), before)

@@ -166,7 +166,11 @@ class Receiver:
 
         def take_all(w: Work) -> list[Ack]:
             record(w)
-            return [a for bd in local for a in self._take(w, bd)]
+            # dialogs' first bundles: whether their target was here and went, asked at once
+            firsts = [bd.conversation_id for bd in local if bd.from_initiator and not bd.seqs[0]]
+            found = port.ended_recv_seqs(firsts) if firsts else {}
+            ended = {conv: found.get(conv) for conv in firsts}
+            return [a for bd in local for a in self._take(w, bd, ended)]
 
         try:
             arrival.acks = port.transaction(take_all)
@@ -177,13 +181,15 @@ class Receiver:
         port.transaction(record)
         for bundle in local:
             try:
-                arrival.acks += port.transaction(lambda w, bd=bundle: self._take(w, bd))
+                arrival.acks += port.transaction(lambda w, bd=bundle: self._take(w, bd, {}))
             except Exception as exc:
                 arrival.refused.append(
                     f"{port.name} could not take conversation {bundle.conversation_id}: {exc}"
                 )
 
-    def _take(self, w: Work, bd: Bundle) -> list[Ack]:
+    def _take(self, w: Work, bd: Bundle, ended: dict[str, int | None]) -> list[Ack]:
+        """`ended`: `ended_recv_seqs` of some dialogs, asked beforehand (None: not remembered);
+        the others are asked here."""
         port = self.port
         conv, seqs = bd.conversation_id, bd.seqs
 
@@ -196,7 +202,7 @@ class Receiver:
                 return nack(
                     CONVERSATION_NOT_FOUND, f"conversation {conv} has no endpoint on {port.name}"
                 )
-            taken = port.ended_recv_seq(conv)
+            taken = ended[conv] if conv in ended else port.ended_recv_seqs([conv]).get(conv)
             if taken is not None:  # its target was here and has gone: nothing opens it again
                 return self._after_end(bd, taken)
             if seqs[0] != 0:

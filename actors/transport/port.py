@@ -49,9 +49,9 @@ class BrokerPort(Protocol):
 
     def endpoint_of(self, conversation_id: str, is_initiator: bool) -> Endpoint | None: ...
 
-    def ended_recv_seq(self, conversation_id: str) -> int | None:
-        """How many messages this broker's removed target endpoint of the dialog had taken
-        (None: no such endpoint is remembered)."""
+    def ended_recv_seqs(self, conversation_ids: Sequence[str]) -> dict[str, int]:
+        """How many messages this broker's removed target endpoint of each dialog had taken,
+        for the dialogs it remembers such an endpoint of."""
         ...
 
     def has_waiting(self) -> bool:

@@ -449,13 +449,13 @@ def test_a_stale_copy_of_a_first_batch_arriving_after_the_target_was_purged_is_n
 def test_a_purged_target_is_forgotten_after_the_ended_retention(net, pair):
     a, b = pair
     stale, conv = _stale_first_batch(net, pair)
-    assert b.store.ended_recv_seq(conv) == 2
-    assert a.store.ended_recv_seq(conv) is None  # only a target remembers (it opens on arrival)
+    assert b.store.ended_recv_seqs([conv]) == {conv: 2}
+    assert a.store.ended_recv_seqs([conv]) == {}  # only a target remembers (it opens on arrival)
 
     net.clock.advance(Limits().ended_retention_s + Limits().prune_every_s)
     b.tick()
 
-    assert b.store.ended_recv_seq(conv) is None
+    assert b.store.ended_recv_seqs([conv]) == {}
 
 
 def test_a_dialog_within_one_broker_leaves_nothing_remembered_when_it_ends(net):
@@ -467,7 +467,7 @@ def test_a_dialog_within_one_broker_leaves_nothing_remembered_when_it_ends(net):
     a.apply([End(t["conversation_handle"], cleanup=True), End(h, cleanup=True)])
 
     assert a.endpoints_view() == []
-    assert a.store.ended_recv_seq(conv) is None
+    assert a.store.ended_recv_seqs([conv]) == {}
 
 
 # --- no route: delayed, not an error -------------------------------------------------------------
@@ -1368,10 +1368,10 @@ def test_one_dialog_that_cannot_be_taken_does_not_hold_back_the_others(net, pair
     bad_conv = conv_of(a, bad)
     take_one = Receiver._take
 
-    def failing(self, batch, bundle):  # fault injection: this dialog's arrival breaks
+    def failing(self, batch, bundle, ended):  # fault injection: this dialog's arrival breaks
         if bundle[0] == bad_conv:
             raise RuntimeError("injected fault")
-        return take_one(self, batch, bundle)
+        return take_one(self, batch, bundle, ended)
 
     monkeypatch.setattr(Receiver, "_take", failing)
     net.pump()
