@@ -405,9 +405,11 @@ class Verbs:
         fields)."""
         return self._call("view", "audit", {"after_id": after_id, "limit": limit})
 
-    def router(self, queue: str, service: str) -> Any:
-        """A router replica (actors.ddr): its live mappings (inbound, outbound, target service,
-        since) and its counts of dialogs routed, messages forwarded and errors."""
+    def router(self, queue: str, service: str, limit: int = 100) -> Any:
+        """A router replica (actors.ddr): how many live mappings it holds (`mappings_total`),
+        the first `limit` of them (inbound, outbound, target service, since) and its counts
+        of dialogs routed, messages forwarded, passed through at arrival and errors."""
         check_name("queue", queue)
         check_name("service", service)
-        return self._call("view", "router", {"queue": queue, "service": service})
+        checks.page(0, limit)
+        return self._call("view", "router", {"queue": queue, "service": service, "limit": limit})

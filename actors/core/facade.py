@@ -146,6 +146,9 @@ class BrokerCore:
     def groups_view(self, queue: str | None = None) -> list[dict[str, Any]]:
         return views.groups(self.state, self.store, queue)
 
+    def router_mappings(self, queue: str, limit: int = 100) -> tuple[int, list[str]]:
+        return views.router_mappings(self.store, queue, limit)
+
     def transmission_view(self, limit: int = 1000) -> list[dict[str, Any]]:
         return views.transmission(self.state, self.store, limit)
 

@@ -159,6 +159,15 @@ def transmission(state: BrokerState, store: Store, limit: int = 1000) -> list[di
     return out
 
 
+def router_mappings(store: Store, queue: str, limit: int = 100) -> tuple[int, list[str]]:
+    """A router replica's live mappings on `queue`: how many, and the first `limit` of them
+    (the JSON its handler keeps; `actors.ddr.views.router` reads them)."""
+    if not isinstance(queue, str):
+        raise InvalidArgument(f"queue must be a queue's name, not {queue!r}")
+    checks.page(0, limit)
+    return store.router_mappings(queue, limit)
+
+
 def events(store: Store, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
     checks.page(after_id, limit)
     return [

@@ -238,7 +238,7 @@ class RouterSet:
     def _drained(self, b: Broker) -> bool:
         view = b.router(ROUTER_QUEUE, self.config.service)
         q = b.queues()[ROUTER_QUEUE]
-        return not view["mappings"] and q["depth"] == 0 and not b.transmission_queue()
+        return not view["mappings_total"] and q["depth"] == 0 and not b.transmission_queue()
 
     # --- configuration and views ---------------------------------------------------------------
 

@@ -58,7 +58,8 @@ class ViewVerbs:
             raise InvalidArgument(f"unknown view {name!r}; use one of {sorted(views)}")
         return views[name](**kwargs)
 
-    def _router_view(self, queue: str, service: str) -> dict[str, Any]:
+    def _router_view(self, queue: str, service: str, limit: int = 100) -> dict[str, Any]:
         from actors.ddr.views import router  # only router replicas use it
 
-        return router(service, self.core.groups_view(queue), self.core.state.counts.passed_through)
+        total, pairs = self.core.router_mappings(queue, limit)
+        return router(service, total, pairs, self.core.state.counts.passed_through)

@@ -106,6 +106,20 @@ class KeyedReads:
             return self.db.execute(f"{_GROUP} ORDER BY g.no").fetchall()
         return self.db.execute(f"{_GROUP} WHERE g.queue=? ORDER BY g.no", (queue,)).fetchall()
 
+    def router_mappings(self, queue: str, limit: int) -> tuple[int, list[str]]:
+        """A router replica's live mappings on `queue`, which `actors.ddr.router` keeps as its
+        groups' states ({inbound handle: pair} in JSON): how many there are, and the first
+        `limit` pairs as JSON text, in group order. Read with SQLite's JSON functions, so a
+        replica holding a million dialogs builds no object for each to answer."""
+        live = (
+            "FROM groups g, json_each(CAST(g.state AS TEXT)) j WHERE g.queue=? "
+            "AND g.state IS NOT NULL AND json_extract(j.value, '$.out') IS NOT NULL "
+            "AND json_extract(j.value, '$.out_ended') = 0"
+        )
+        (total,) = self.db.execute(f"SELECT COUNT(*) {live}", (queue,)).fetchone()
+        pairs = self.db.execute(f"SELECT j.value {live} ORDER BY g.no LIMIT ?", (queue, limit))
+        return total, [pair for (pair,) in pairs]
+
     def due_between(
         self, after: float | None, until: float, closed_retention_s: float
     ) -> list[tuple[int, float | None, float | None, float | None]]:

@@ -12,7 +12,7 @@ from actors import Activation, Begin, Contract, End, LocalBroker, MessageType, Q
 from actors.ddr import RouterConfig, router_contracts
 from actors.ddr.classifiers import field, hash_partition
 from actors.ddr.router import ROUTING_FAILED
-from actors.errors import InvalidDefinition
+from actors.errors import InvalidArgument, InvalidDefinition
 from actors.model.catalog import END_DIALOG, ERROR, REDIRECT
 from tests.polling import wait_until
 
@@ -321,3 +321,19 @@ def test_with_its_activation_off_a_router_queue_holds_new_dialogs_for_its_handle
     broker.alter(Queue, "RouterQ", activation={"enabled": True})
     assert [json.loads(m.body)["line"] for m in take(broker, "USQ", 2)] == [0, 1]
     assert broker.router("RouterQ", "SalesRouter")["passed_through"] == 0
+
+
+def test_the_router_view_counts_every_mapping_and_lists_at_most_limit(broker):
+    start_router(broker)
+    handles = [order(broker, REGIONS[i % 4]) for i in range(12)]
+
+    view = broker.router("RouterQ", "SalesRouter", limit=5)
+    assert (view["mappings_total"], len(view["mappings"])) == (12, 5)
+    everything = broker.router("RouterQ", "SalesRouter", limit=100)["mappings"]
+    assert view["mappings"] == everything[:5] and len(everything) == 12
+    assert {m["target_service"] for m in everything} == {f"Sales{r}" for r in REGIONS}
+    broker.end_conversation(handles[0])  # the router ends both sides: the mapping goes
+    wait_until(lambda: broker.router("RouterQ", "SalesRouter")["mappings_total"] == 11)
+    for bad in (0, -1, "5", 2.5):
+        with pytest.raises(InvalidArgument, match="limit"):
+            broker.router("RouterQ", "SalesRouter", limit=bad)

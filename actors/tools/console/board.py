@@ -62,8 +62,8 @@ class Board:
         if ROUTER_QUEUE in queues:
             for kind, record in b.definitions():
                 if kind == "service" and record.get("queue") == ROUTER_QUEUE:
-                    view = b.router(ROUTER_QUEUE, record["name"])
-                    routers[record["name"]] = {**view, "mappings": len(view.get("mappings", []))}
+                    view = b.router(ROUTER_QUEUE, record["name"], limit=1)
+                    routers[record["name"]] = {**view, "mappings": view["mappings_total"]}
         return {
             "info": {k: info.get(k) for k in ("name", "broker_id", "pid", "uptime_s", "path")},
             "queues": queues,
