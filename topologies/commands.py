@@ -84,7 +84,7 @@ def status_of(topology: Any) -> dict[str, Any]:
             "transmission": dict(
                 Counter(r.get("status", "?") for r in b.transmission_queue(limit=10_000))
             ),
-            "events": b.events()[-5:],
+            "events": b.events(limit=5, newest=True),
         }
     for rs in topology.router_sets:
         replicas = {}

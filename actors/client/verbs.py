@@ -393,9 +393,12 @@ class Verbs:
     def transmission_queue(self, limit: int = 1000) -> Any:
         return self._call("view", "transmission_queue", {"limit": limit})
 
-    def events(self, after_id: int = 0, limit: int = 1000) -> Any:
-        """Operator events (QueueDisabled, QueueEnabled, ...), oldest first."""
-        return self._call("view", "events", {"after_id": after_id, "limit": limit})
+    def events(self, after_id: int = 0, limit: int = 1000, newest: bool = False) -> Any:
+        """Operator events (QueueDisabled, QueueEnabled, ...) after `after_id`, oldest first:
+        the first `limit` of them, or with `newest=True` the last `limit` (the most recent)."""
+        return self._call(
+            "view", "events", {"after_id": after_id, "limit": limit, "newest": newest}
+        )
 
     def audit(self, after_id: int = 0, limit: int = 1000) -> Any:
         """Delivery records after `after_id`, one per committed message, oldest first, whole

@@ -152,8 +152,10 @@ class BrokerCore:
     def transmission_view(self, limit: int = 1000) -> list[dict[str, Any]]:
         return views.transmission(self.state, self.store, limit)
 
-    def events_view(self, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        return views.events(self.store, after_id, limit)
+    def events_view(
+        self, after_id: int = 0, limit: int = 1000, newest: bool = False
+    ) -> list[dict[str, Any]]:
+        return views.events(self.store, after_id, limit, newest)
 
     def audit(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]:
         """Delivery records after `after_id` (whole commits, at most `limit` of them, none after

@@ -168,11 +168,17 @@ def router_mappings(store: Store, queue: str, limit: int = 100) -> tuple[int, li
     return store.router_mappings(queue, limit)
 
 
-def events(store: Store, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+def events(
+    store: Store, after_id: int = 0, limit: int = 1000, newest: bool = False
+) -> list[dict[str, Any]]:
+    """Operator events after `after_id`, oldest first: the first `limit`, or with `newest`
+    the last `limit` (the most recent, as a status line shows them)."""
     checks.page(after_id, limit)
+    if not isinstance(newest, bool):
+        raise InvalidArgument(f"newest must be True or False, not {newest!r}")
     return [
         {"id": i, "at": at, "kind": kind, "subject": subject, "detail": detail}
-        for i, at, kind, subject, detail in store.events(after_id, limit)
+        for i, at, kind, subject, detail in store.events(after_id, limit, newest)
     ]
 
 

@@ -359,11 +359,12 @@ class Store(QueuedMessages, TransmissionRows, EndedTraces, KeyedReads):
     def insert_events(self, rows: Iterable[tuple[float, str, str, str]]) -> None:
         self.db.executemany("INSERT INTO events (at, kind, subject, detail) VALUES (?,?,?,?)", rows)
 
-    def events(self, after_id: int, limit: int) -> list[tuple[Any, ...]]:
-        return self.db.execute(
-            "SELECT id, at, kind, subject, detail FROM events WHERE id>? ORDER BY id LIMIT ?",
-            (after_id, limit),
-        ).fetchall()
+    def events(self, after_id: int, limit: int, newest: bool = False) -> list[tuple[Any, ...]]:
+        """Events after `after_id`, oldest first: the first `limit` of them, or the last."""
+        rows = "SELECT id, at, kind, subject, detail FROM events WHERE id>?1"
+        if newest:
+            rows = f"SELECT * FROM ({rows} ORDER BY id DESC LIMIT ?2)"
+        return self.db.execute(f"{rows} ORDER BY id LIMIT ?2", (after_id, limit)).fetchall()
 
     def insert_audit(self, at: float, payload: bytes) -> None:
         self.db.execute("INSERT INTO audit (at, payload) VALUES (?, ?)", (at, payload))

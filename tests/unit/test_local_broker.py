@@ -340,3 +340,17 @@ def test_a_route_named_by_a_value_that_is_no_name_is_refused_by_the_broker(broke
         with pytest.raises(BrokerError):
             broker._call(*call)
     assert broker.routes() == before
+
+
+def test_the_newest_events_are_the_most_recent_ones_oldest_first(broker):
+    for i in range(1_005):  # more than one page of the oldest
+        broker.record_event("Tested", f"s{i}")
+
+    assert [e["subject"] for e in broker.events(limit=3, newest=True)] == [
+        "s1002",
+        "s1003",
+        "s1004",
+    ]
+    assert broker.events()[-1]["subject"] == "s999"  # the first page ends before them
+    with pytest.raises(InvalidArgument, match="newest"):
+        broker.events(newest="yes")

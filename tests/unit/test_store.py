@@ -593,6 +593,8 @@ def test_events_are_read_after_an_id_up_to_a_limit(store):
     store.insert_events([(float(i), "kind", f"s{i}", "{}") for i in range(1, 6)])
     assert _ids(store.events(after_id=2, limit=2)) == [3, 4]
     assert store.events(after_id=4, limit=10) == [(5, 5.0, "kind", "s5", "{}")]
+    assert _ids(store.events(after_id=0, limit=2, newest=True)) == [4, 5]  # the last two
+    assert _ids(store.events(after_id=3, limit=10, newest=True)) == [4, 5]
 
 
 def test_audit_rows_are_read_after_an_id_up_to_a_limit(store):
