@@ -107,8 +107,8 @@ def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[d
     if queue is not None and not isinstance(queue, str):
         raise InvalidArgument(f"queue must be a queue's name (or None for all), not {queue!r}")
     out = []
-    for row in store.all_groups(queue):
-        g = state.groups.peek(row[0]) or group_of(row)
+    for row in store.all_groups(queue, states=True):
+        g = state.groups.peek(row[0]) or group_of(row[:5])
         lock = state.locks.by_group.get(g.no)
         out.append(
             {
@@ -117,7 +117,7 @@ def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[d
                 "conversations": g.members,
                 "waiting": state.queue_index(g.queue).pending.get(g.no, 0),
                 "locked_by": lock.lock_id if lock else None,
-                "state": store.group_state(g.no),
+                "state": row[5],
             }
         )
     return out

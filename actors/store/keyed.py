@@ -28,10 +28,11 @@ _ENDPOINT = (
     "JOIN endpoint_seqs s ON s.no = e.no LEFT JOIN dialog_keys k ON k.endpoint_no = e.no "
     "LEFT JOIN rerunnable r ON r.handle = e.handle AND r.ended_at IS NULL"
 )
-_GROUP = (
-    "SELECT no, group_id, queue, state IS NOT NULL, "
-    "(SELECT COUNT(*) FROM endpoints e WHERE e.group_no = g.no) FROM groups g"
+_GROUP_COLUMNS = (
+    "no, group_id, queue, state IS NOT NULL, "
+    "(SELECT COUNT(*) FROM endpoints e WHERE e.group_no = g.no)"
 )
+_GROUP = f"SELECT {_GROUP_COLUMNS} FROM groups g"
 # what falls due for an endpoint is found from these, not from a schedule of every dialog
 KEYED_INDEXES = """
 CREATE INDEX IF NOT EXISTS endpoints_group ON endpoints (group_no);
@@ -101,10 +102,14 @@ class KeyedReads:
     def group_nos_of_queue(self, queue: str) -> list[int]:
         return [n for (n,) in self.db.execute("SELECT no FROM groups WHERE queue=?", (queue,))]
 
-    def all_groups(self, queue: str | None = None) -> list[GroupRow]:
+    def all_groups(self, queue: str | None = None, states: bool = False) -> list[GroupRow]:
+        """Every group (of `queue`), in number order; with `states`, each row ends with the
+        group's state (read in the same statement, not one each)."""
+        columns = f"{_GROUP_COLUMNS}, g.state" if states else _GROUP_COLUMNS
         if queue is None:
-            return self.db.execute(f"{_GROUP} ORDER BY g.no").fetchall()
-        return self.db.execute(f"{_GROUP} WHERE g.queue=? ORDER BY g.no", (queue,)).fetchall()
+            return self.db.execute(f"SELECT {columns} FROM groups g ORDER BY g.no").fetchall()
+        q = f"SELECT {columns} FROM groups g WHERE g.queue=? ORDER BY g.no"
+        return self.db.execute(q, (queue,)).fetchall()
 
     def router_mappings(self, queue: str, limit: int) -> tuple[int, list[str]]:
         """A router replica's live mappings on `queue`, which `actors.ddr.router` keeps as its
