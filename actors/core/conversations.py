@@ -179,7 +179,10 @@ class Conversations(Part):
         group = st.groups[ep.group_no]
         act = st.catalog.queue(group.queue).activation
         assert act is not None  # checked by the caller
-        routed = router.routed_at_arrival(act.options, body, mt)
+        try:
+            routed = router.routed_at_arrival(act.options, body, mt)
+        except Exception:  # options an ALTER made unusable: the handler fails on them, visibly
+            return None
         if routed is None:
             return None
         cfg, target = routed
@@ -191,9 +194,13 @@ class Conversations(Part):
             encryption=cfg.encryption,
             relays=ep.handle,
         )
-        try:  # its checks come before it changes anything
+        undone = len(w.undo)
+        try:
             self.begin(w, op)
-        except BrokerError:
+        except BrokerError:  # refused before it made anything; what it counted is taken back
+            for undo in reversed(w.undo[undone:]):
+                undo()
+            del w.undo[undone:]
             return None
         pairs = {ep.handle: router.new_pair(ep.handle, op.handle, target, w.now)}
         w.states = [*(w.states or ()), (json.dumps(pairs).encode(), group.no)]

@@ -22,7 +22,6 @@ dialogs are not affected. All of this is plain Python over `HandlerContext`.
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import time
@@ -307,7 +306,7 @@ def classify(cfg: RouterConfig, body: bytes, message_type: str) -> tuple[str | N
     """(target, None), or (None, why not) in words an operator can act on."""
     who = f"router {cfg.service}: classifier {cfg.classifier}"
     try:
-        fn = _classifier(cfg.classifier)  # checked where it was defined and launched
+        fn = import_code(cfg.classifier)  # checked where it was defined and launched
         options = {"targets": list(cfg.targets), **cfg.classifier_options}
         value = fn(body, message_type, options)
     except Exception as exc:  # the classifier is user code: any failure ends only this dialog
@@ -320,11 +319,6 @@ def classify(cfg: RouterConfig, body: bytes, message_type: str) -> tuple[str | N
             f"{list(cfg.targets)}"
         )
     return value, None
-
-
-@functools.lru_cache(maxsize=64)
-def _classifier(path: str) -> Any:
-    return import_code(path)
 
 
 def _wrapped(cfg: RouterConfig, m: Message) -> tuple[int, str]:

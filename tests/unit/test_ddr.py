@@ -337,3 +337,13 @@ def test_the_router_view_counts_every_mapping_and_lists_at_most_limit(broker):
     for bad in (0, -1, "5", 2.5):
         with pytest.raises(InvalidArgument, match="limit"):
             broker.router("RouterQ", "SalesRouter", limit=bad)
+
+
+def test_options_an_alter_made_unusable_fail_the_handler_not_the_senders(broker):
+    start_router(broker)
+    broker.alter(Queue, "RouterQ", activation={"options": {**config().options(), "colour": "x"}})
+
+    order(broker, "EU")  # the send is taken; the message waits for the handler, which fails
+
+    wait_until(lambda: "QueueDisabled" in {e["kind"] for e in broker.events()})
+    assert broker.queues()["RouterQ"]["depth"] == 1 and broker.queue("EUQ") == []

@@ -5,6 +5,8 @@ nothing is lost or doubled."""
 
 from __future__ import annotations
 
+import uuid
+
 import msgpack
 import pytest
 
@@ -441,3 +443,34 @@ def test_a_forwarder_is_the_hop_the_target_trusts(guarded, tmp_path, master):
     trust(f, b)
     net.later()
     assert [m.body for m in take(b, "TargetQ")] == [b"via F"]
+
+
+def test_a_router_whose_onward_dialog_is_refused_leaves_it_to_its_handler_and_pins_no_turn(
+    tmp_path, master
+):
+    # the router replica begins the onward dialog at arrival (actors.core.conversations
+    # route_first); refused there, nothing of it stays: the message waits for the handler
+    from actors.ddr import RouterConfig
+    from actors.model.catalog import ROUTER_HANDLER, Activation, Queue, Service
+
+    net = Network(FakeClock())
+    r = net.add("R", INIT, limits=master, path=str(tmp_path / "r.db"))
+    b = net.add("B", TARGET, limits=master, path=str(tmp_path / "b.db"))
+    cfg = RouterConfig("Router", ("Target",), "actors.ddr.classifiers:field", encryption=True)
+    act = Activation(ROUTER_HANDLER, placement="internal", options=cfg.options())
+    r.create(Queue("RouterQ", activation=act))
+    r.create(Service("Router", "RouterQ", ["C"]))
+    for name in ("T1", "T2"):  # round-robin over two brokers
+        route(r, "routes", name, "Target", f"ray://{name}", str(uuid.uuid4()))
+    b.create(Certificate("TargetCert", owner="Target", days=30))
+    r.create(Certificate("TargetCert", pem(b, "TargetCert")))
+    r.create(RemoteServiceBinding("ToTarget", "Target", "TargetCert"))
+    net.clock.advance(31 * 86400)  # the target's certificate expired: secured dialogs refused
+
+    op = Begin("Init", "Router", "C", encryption=False)
+    r.apply([op, Send(op.handle, "Req", [b'{"region": "Target"}'])])
+
+    assert r.depth("RouterQ")[0] == 1  # queued for the handler (whose Begin is refused too)
+    assert r.state.turns.get("Target", 0) == 0  # the refused Begin pinned no broker
+    assert [e for e in r.endpoints_view() if e["service"] == "Router" and e["is_initiator"]] == []
+    net.close()
