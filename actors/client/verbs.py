@@ -367,10 +367,11 @@ class Verbs:
     def definitions(self) -> Any:
         return self._call("view", "definitions", {})
 
-    def endpoints(self) -> Any:
-        """sys.conversation_endpoints, as a list of dicts (every endpoint: on a broker with
-        millions of dialogs, `dialogs()` says how many there are)."""
-        return self._call("view", "endpoints", {})
+    def endpoints(self, after: str | None = None, limit: int = 10_000) -> Any:
+        """sys.conversation_endpoints, as a list of dicts in handle order: the first `limit`
+        whose handle sorts after `after` (a broker may hold millions: pass the last handle of
+        a page for the next; `dialogs()` counts them all)."""
+        return self._call("view", "endpoints", {"after": after, "limit": limit})
 
     def dialogs(self) -> Any:
         """{"by_state": {state: endpoints}, "secured": n, "counted_at": t}: how many dialog
@@ -386,9 +387,12 @@ class Verbs:
         """Per queue: depth, locked groups, enabled, poison count, readers."""
         return self._call("view", "queues", {})
 
-    def groups(self, queue: str | None = None) -> Any:
-        """Conversation groups with their waiting count, lock and state."""
-        return self._call("view", "groups", {"queue": queue})
+    def groups(
+        self, queue: str | None = None, after: str | None = None, limit: int = 10_000
+    ) -> Any:
+        """Conversation groups (of `queue`) with their waiting count, lock and state, in group
+        id order: the first `limit` whose id sorts after `after` (pass the last of a page)."""
+        return self._call("view", "groups", {"queue": queue, "after": after, "limit": limit})
 
     def transmission_queue(self, limit: int = 1000) -> Any:
         return self._call("view", "transmission_queue", {"limit": limit})

@@ -131,8 +131,10 @@ class BrokerCore:
         idx = self.state.queues.get(queue)
         return (idx.depth, idx.removed) if idx else (0, 0)
 
-    def endpoints_view(self) -> list[dict[str, Any]]:
-        return views.endpoints(self.state)
+    def endpoints_view(
+        self, after: str | None = None, limit: int = views.VIEW_PAGE
+    ) -> list[dict[str, Any]]:
+        return views.endpoints(self.state, after, limit)
 
     def dialogs_view(self) -> dict[str, Any]:
         return views.dialogs(self.state, self.store, self.uow.clock())
@@ -143,8 +145,10 @@ class BrokerCore:
     def queues_view(self) -> dict[str, dict[str, Any]]:
         return views.queues(self.state)
 
-    def groups_view(self, queue: str | None = None) -> list[dict[str, Any]]:
-        return views.groups(self.state, self.store, queue)
+    def groups_view(
+        self, queue: str | None = None, after: str | None = None, limit: int = views.VIEW_PAGE
+    ) -> list[dict[str, Any]]:
+        return views.groups(self.state, self.store, queue, after, limit)
 
     def router_mappings(self, queue: str, limit: int = 100) -> tuple[int, list[str]]:
         return views.router_mappings(self.store, queue, limit)

@@ -181,6 +181,14 @@ class BrokerState:
         for ep in sorted((e for e in self.endpoints.cached() if e.no > last), key=_number):
             yield ep, ep.no in sessions
 
+    def endpoints_after(self, handle: str | None, limit: int) -> Iterator[tuple[Endpoint, bool]]:
+        """(endpoint, has a session key) for a view's page of the stored endpoints
+        (`Store.endpoints_after`), as memory has them now."""
+        sessions = self.keyring.sessions
+        for row in self.store.endpoints_after(handle, limit):
+            ep = self.endpoints.peek(row[0])
+            yield (_endpoint(row), row[18] is not None) if ep is None else (ep, ep.no in sessions)
+
     def _group_by_no(self, no: int) -> Group | None:
         row = self.store.group_by_no(no)
         return None if row is None else group_of(row)

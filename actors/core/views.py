@@ -16,9 +16,24 @@ if TYPE_CHECKING:
     from actors.core.state import BrokerState
 
 
-def endpoints(state: BrokerState) -> list[dict[str, Any]]:
-    """sys.conversation_endpoints. `encryption`: begun with ENCRYPTION on; `secured`: the
-    dialog has a session key here (its messages cross between brokers sealed)."""
+VIEW_PAGE = 10_000  # rows an endpoints or groups view answers at most, unless asked for fewer
+
+
+def _cursor(what: str, after: Any, limit: Any) -> None:
+    """A page of a view listed in `what` order: after that `what` (None: from the first)."""
+    if after is not None and not isinstance(after, str):
+        raise InvalidArgument(f"after must be a {what} (the last of the page before) or None")
+    checks.page(0, limit)
+
+
+def endpoints(
+    state: BrokerState, after: str | None = None, limit: int = VIEW_PAGE
+) -> list[dict[str, Any]]:
+    """sys.conversation_endpoints, in handle order: the first `limit` after handle `after`
+    (a broker may hold millions: page with the last handle, or count them with `dialogs`).
+    `encryption`: begun with ENCRYPTION on; `secured`: the dialog has a session key here (its
+    messages cross between brokers sealed)."""
+    _cursor("conversation handle", after, limit)
     return [
         {
             "conversation_handle": ep.handle,
@@ -37,7 +52,7 @@ def endpoints(state: BrokerState) -> list[dict[str, Any]]:
             "encryption": ep.encryption,
             "secured": secured,
         }
-        for ep, secured in state.every_endpoint()
+        for ep, secured in state.endpoints_after(after, limit)
     ]
 
 
@@ -102,12 +117,20 @@ def queues(state: BrokerState) -> dict[str, dict[str, Any]]:
     return out
 
 
-def groups(state: BrokerState, store: Store, queue: str | None = None) -> list[dict[str, Any]]:
-    """Conversation groups: queue, waiting messages, lock, and the group's state."""
+def groups(
+    state: BrokerState,
+    store: Store,
+    queue: str | None = None,
+    after: str | None = None,
+    limit: int = VIEW_PAGE,
+) -> list[dict[str, Any]]:
+    """Conversation groups (of `queue`), in group id order, the first `limit` after group id
+    `after`: queue, waiting messages, lock, and the group's state."""
     if queue is not None and not isinstance(queue, str):
         raise InvalidArgument(f"queue must be a queue's name (or None for all), not {queue!r}")
+    _cursor("conversation group id", after, limit)
     out = []
-    for row in store.all_groups(queue, states=True):
+    for row in store.groups_after(queue, after, limit):
         g = state.groups.peek(row[0]) or group_of(row[:5])
         lock = state.locks.by_group.get(g.no)
         out.append(

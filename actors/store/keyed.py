@@ -87,6 +87,14 @@ class KeyedReads:
         rows = self.db.execute(f"{_ENDPOINT} ORDER BY e.no")
         return rows if not self.seq_journal.latest else map(self._live, rows)
 
+    def endpoints_after(self, handle: str | None, limit: int) -> Iterator[EndpointRow]:
+        """The first `limit` endpoints whose handle sorts after `handle` (all: None), in handle
+        order: a view's page."""
+        rows = self.db.execute(
+            f"{_ENDPOINT} WHERE e.handle > ? ORDER BY e.handle LIMIT ?", (handle or "", limit)
+        )
+        return rows if not self.seq_journal.latest else map(self._live, rows)
+
     def dialog_counts(self) -> tuple[dict[str, int], int]:
         """How many endpoints are in each state; how many have a session key (secured)."""
         by_state = dict(self.db.execute("SELECT state, COUNT(*) FROM endpoints GROUP BY state"))
@@ -102,14 +110,20 @@ class KeyedReads:
     def group_nos_of_queue(self, queue: str) -> list[int]:
         return [n for (n,) in self.db.execute("SELECT no FROM groups WHERE queue=?", (queue,))]
 
-    def all_groups(self, queue: str | None = None, states: bool = False) -> list[GroupRow]:
-        """Every group (of `queue`), in number order; with `states`, each row ends with the
-        group's state (read in the same statement, not one each)."""
-        columns = f"{_GROUP_COLUMNS}, g.state" if states else _GROUP_COLUMNS
-        if queue is None:
-            return self.db.execute(f"SELECT {columns} FROM groups g ORDER BY g.no").fetchall()
-        q = f"SELECT {columns} FROM groups g WHERE g.queue=? ORDER BY g.no"
-        return self.db.execute(q, (queue,)).fetchall()
+    def all_groups(self) -> list[GroupRow]:
+        return self.db.execute(f"{_GROUP} ORDER BY g.no").fetchall()
+
+    def groups_after(self, queue: str | None, group_id: str | None, limit: int) -> list[Any]:
+        """A view's page: the first `limit` groups (of `queue`) whose id sorts after
+        `group_id` (all: None), in id order, each row ending with the group's state (read in
+        the same statement, not one each)."""
+        where = "g.group_id > ?" + ("" if queue is None else " AND g.queue = ?")
+        args = (group_id or "", *(() if queue is None else (queue,)), limit)
+        return self.db.execute(
+            f"SELECT {_GROUP_COLUMNS}, g.state FROM groups g WHERE {where} "
+            "ORDER BY g.group_id LIMIT ?",
+            args,
+        ).fetchall()
 
     def router_mappings(self, queue: str, limit: int) -> tuple[int, list[str]]:
         """A router replica's live mappings on `queue`, which `actors.ddr.router` keeps as its

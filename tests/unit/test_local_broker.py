@@ -354,3 +354,32 @@ def test_the_newest_events_are_the_most_recent_ones_oldest_first(broker):
     assert broker.events()[-1]["subject"] == "s999"  # the first page ends before them
     with pytest.raises(InvalidArgument, match="newest"):
         broker.events(newest="yes")
+
+
+def _pages(view, key, limit):
+    """Every row of a paged view, a page of `limit` at a time after the last one's `key`."""
+    rows, after = [], None
+    while page := view(after=after, limit=limit):
+        assert len(page) <= limit
+        rows += page
+        after = page[-1][key]
+    return rows
+
+
+def test_endpoints_and_groups_come_in_pages_that_cover_every_one_once(broker):
+    for _ in range(7):  # each dialog's two endpoints here, and the target's group of its own
+        h = broker.begin_dialog("S", "S", "C")
+        broker.send(h, "M", b"x")
+
+    endpoints = broker.endpoints()  # up to 10,000: all of these
+    handles = [e["conversation_handle"] for e in endpoints]
+    assert len(handles) == 14 and handles == sorted(handles)
+    assert _pages(broker.endpoints, "conversation_handle", 3) == endpoints
+    groups = broker.groups("Q")
+    assert len(groups) == 14  # the initiators' and the targets'
+    assert _pages(lambda **p: broker.groups("Q", **p), "conversation_group_id", 3) == groups
+    for bad in ({"after": 5}, {"limit": 0}, {"limit": "3"}):
+        with pytest.raises(InvalidArgument):
+            broker.endpoints(**bad)
+        with pytest.raises(InvalidArgument):
+            broker.groups(**bad)
