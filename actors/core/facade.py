@@ -139,6 +139,9 @@ class BrokerCore:
     def dialogs_view(self) -> dict[str, Any]:
         return views.dialogs(self.state, self.store, self.uow.clock())
 
+    def transmission_depth(self) -> int:
+        return views.transmission_depth(self.state, self.store, self.uow.clock())
+
     def queue_view(self, queue: str, limit: int = 1000) -> list[dict[str, Any]]:
         return views.queue(self.state, self.store, queue, limit)
 

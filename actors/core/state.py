@@ -19,6 +19,7 @@ from actors.core.keyring import Keyring
 from actors.core.locks import LockTable, QueueIndex
 from actors.core.poison import PoisonCounter
 from actors.core.readcache import ReadCache
+from actors.core.recount import Recount
 from actors.core.working_set import Endpoints, Groups
 from actors.counters import Counts
 from actors.errors import ConversationNotFound, InvalidArgument
@@ -117,8 +118,10 @@ class BrokerState:
                 saved[table].append(Route.from_record(rec))
             self.routes = {t: RouteTable(saved[t]) for t in ROUTE_TABLES}
         self.forwarding = store.get_meta("forwarding") == "1"
-        # the last count of dialogs by state (actors.core.views.dialogs): when, how long it took
-        self.dialog_counts: tuple[float, float, dict[str, Any] | None] = (0.0, 0.0, None)
+        # counts of the store reused a while (actors.core.recount): dialogs by state (the
+        # `dialogs` view), messages in the transmission queue (the metrics)
+        self.dialog_counts: Recount[dict[str, Any]] = Recount()
+        self.transmission_count: Recount[int] = Recount()
         # service -> dialogs pinned round-robin so far; memory only: a restart begins at 0 again
         self.turns: dict[str, int] = {}
 

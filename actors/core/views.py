@@ -3,7 +3,6 @@ messages, conversation groups, the transmission queue, operator events and the d
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from actors.core.state import group_of
@@ -58,15 +57,19 @@ def endpoints(
 
 def dialogs(state: BrokerState, store: Store, now: float) -> dict[str, Any]:
     """How many dialog endpoints are in each state and how many are secured, counted in the
-    store. Counting millions takes a while: a count is reused for 20 times as long as it took
-    (a broker spends at most a twentieth of its time counting, however often it is asked)."""
-    at, took, counts = state.dialog_counts
-    if counts is None or now - at > 20 * took:
-        started = time.perf_counter()
+    store; counting millions takes a while, so a count is reused a while (actors.core.recount)."""
+
+    def count() -> dict[str, Any]:
         by_state, secured = store.dialog_counts()
-        counts = {"by_state": by_state, "secured": secured, "counted_at": now}
-        state.dialog_counts = (now, time.perf_counter() - started, counts)
-    return counts
+        return {"by_state": by_state, "secured": secured, "counted_at": now}
+
+    return state.dialog_counts.get(now, count)
+
+
+def transmission_depth(state: BrokerState, store: Store, now: float) -> int:
+    """Messages waiting in the transmission queue, counted in the store (reused a while: a
+    peer that is down for long can leave millions parked)."""
+    return state.transmission_count.get(now, store.transmission_depth)
 
 
 def queue(state: BrokerState, store: Store, queue: str, limit: int = 1000) -> list[dict[str, Any]]:

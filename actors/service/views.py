@@ -29,7 +29,7 @@ class ViewVerbs:
         return {
             "counts": self.core.state.counts.as_dict(),
             "queues": self._queues_view(),
-            "transmission": self.core.store.transmission_depth(),
+            "transmission": self.core.transmission_depth(),
             "routers": {s: c for s, c in routers.items() if any(c.values())},
         }
 

@@ -250,6 +250,5 @@ def test_dialogs_are_counted_by_state_in_the_store_and_a_count_is_reused_briefly
     assert counts["secured"] == 0 and counts["counted_at"] == core_clock()
     dialogs(core, 1)
     assert core.dialogs_view() == counts  # counted a moment ago: the same count
-    _, took, _ = core.state.dialog_counts
-    core_clock.advance(20 * took + 0.001)
+    core_clock.advance(20 * core.state.dialog_counts.took + 0.001)
     assert core.dialogs_view()["by_state"] == {"CONVERSING": 40, **ended}
