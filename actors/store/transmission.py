@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS transmission_runs (
     status TEXT NOT NULL, enqueued_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS transmission_runs_endpoint ON transmission_runs (endpoint_no, first_seq);
+CREATE INDEX IF NOT EXISTS transmission_runs_due ON transmission_runs (next_attempt);
 """
 _INSERT = (
     "INSERT INTO transmission_runs (endpoint_no, first_seq, last_seq, parts, to_service, "
@@ -45,6 +46,12 @@ _COLUMNS = "id, endpoint_no, first_seq, parts, to_service, to_broker, attempts, 
 # deleted as one row, not four.
 ROW_MESSAGES = 4096
 ROW_BYTES = 1 << 20
+
+# Rows a dispatch pass first looks up by their due time. While a far broker is down its
+# dialogs' rows back off; a pass scanning the queue in row order for the few due among them
+# read every row (300,000 backing off: 50-70 ms a pass, passes every 50 ms). Fewer due rows
+# than this are read by that index and sorted; more are found densely in row order.
+DUE_PROBE = 4096
 
 # A run, as the core hands them over: (endpoint_no, first_seq, type, bodies, to_service,
 # to_broker, status, enqueued_at); its messages have sequence numbers first_seq and on.
@@ -160,12 +167,26 @@ class TransmissionRows:
         """Rows due, in queue order, up to about `limit` messages, but those of the endpoints
         in `skip` (being sent) and those behind an older row of their endpoint that is still
         backing off (a dialog's messages go in order)."""
+        due = [
+            i
+            for (i,) in self.db.execute(
+                "SELECT id FROM transmission_runs INDEXED BY transmission_runs_due "
+                "WHERE next_attempt <= ? LIMIT ?",
+                (now, DUE_PROBE),
+            )
+        ]
+        if not due:
+            return []
+        args: tuple[Any, ...] = (now, json.dumps(list(skip)))
+        among = "1"  # many due: found densely in row order
+        if len(due) < DUE_PROBE:  # few: every due row is one of these
+            among, args = "id IN (SELECT value FROM json_each(?3))", (*args, json.dumps(due))
         cur = self.db.execute(
-            f"SELECT {_COLUMNS} FROM transmission_runs t WHERE next_attempt <= ? AND endpoint_no "
-            "NOT IN (SELECT value FROM json_each(?)) AND NOT EXISTS (SELECT 1 FROM "
-            "transmission_runs o WHERE o.endpoint_no = t.endpoint_no AND o.first_seq < "
-            "t.first_seq AND o.next_attempt > ?) ORDER BY id",
-            (now, json.dumps(list(skip)), now),
+            f"SELECT {_COLUMNS} FROM transmission_runs t WHERE {among} AND next_attempt <= ?1 "
+            "AND endpoint_no NOT IN (SELECT value FROM json_each(?2)) AND NOT EXISTS (SELECT 1 "
+            "FROM transmission_runs o WHERE o.endpoint_no = t.endpoint_no AND o.first_seq < "
+            "t.first_seq AND o.next_attempt > ?1) ORDER BY id",
+            args,
         )
         out: list[Waiting] = []
         n = 0

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.store import transmission
 from actors.store.database import Store
 from actors.store.segments import MAX_BYTES, MAX_MESSAGES
-from actors.store.transmission import ROW_BYTES, ROW_MESSAGES, rows_of
+from actors.store.transmission import DUE_PROBE, ROW_BYTES, ROW_MESSAGES, rows_of
 from actors.transport.outbound import Outbound
 
 
@@ -21,6 +22,14 @@ def store() -> Iterator[Store]:
     s = Store(":memory:")
     yield s
     s.close()
+
+
+@pytest.fixture(params=[DUE_PROBE, 1], ids=["few-due-by-index", "many-due-in-row-order"])
+def probe(request, monkeypatch) -> int:
+    """Both ways a pass finds due rows: by the due-time index when few are due, else in row
+    order (with a probe of 1, any due row makes it "many")."""
+    monkeypatch.setattr(transmission, "DUE_PROBE", request.param)
+    return request.param
 
 
 def _run(ep: int, first: int, bodies: list[bytes], mt: str = "M", status: str = "w") -> tuple:
@@ -116,7 +125,9 @@ def test_one_answer_whose_ranges_together_cover_a_row_takes_it_all(store):
     assert store.endpoint_transmission(1) == [] and store.transmission_depth() == 0
 
 
-def test_due_rows_come_in_queue_order_up_to_about_the_limit_and_skip_endpoints_being_sent(store):
+def test_due_rows_come_in_queue_order_up_to_about_the_limit_and_skip_endpoints_being_sent(
+    store, probe
+):
     with store.tx():
         store.insert_transmission([_run(1, 0, [b"a"] * 5), _run(2, 0, [b"b"] * 5)])
         store.insert_transmission([_run(3, 0, [b"c"] * 5)])
@@ -130,7 +141,7 @@ def test_due_rows_come_in_queue_order_up_to_about_the_limit_and_skip_endpoints_b
     assert [r.endpoint_no for r in store.due_transmission(10.0, 100)] == [1, 2, 3]
 
 
-def test_rows_behind_an_older_row_still_backing_off_are_not_due(store):
+def test_rows_behind_an_older_row_still_backing_off_are_not_due(store, probe):
     with store.tx():
         store.insert_transmission([_run(1, 0, [b"a0", b"a1"]), _run(2, 0, [b"x"])])
     with store.tx():
@@ -143,6 +154,18 @@ def test_rows_behind_an_older_row_still_backing_off_are_not_due(store):
     assert [(r.endpoint_no, r.first_seq) for r in due] == [(1, 0), (2, 0)]
     later = store.due_transmission(20.0, 100)  # its backoff over: all of it, in order
     assert [(r.endpoint_no, r.first_seq) for r in later] == [(1, 0), (2, 0), (1, 2), (1, 3)]
+
+
+def test_among_many_rows_backing_off_the_few_due_come_back_in_row_order(store, probe):
+    # a far broker down: its dialogs' rows back off; another's rows are due between them
+    with store.tx():
+        store.insert_transmission([_run(ep, 0, [b"x"]) for ep in range(1, 301)])
+        down = [r.id for ep in range(1, 301) if ep % 100 for r in store.endpoint_transmission(ep)]
+        store.fail_transmission(down, "down", 10.0)
+    due = store.due_transmission(10.0, 100)
+    assert [r.endpoint_no for r in due] == [100, 200, 300]
+    assert store.due_transmission(10.0, 100, skip=[200]) == [due[0], due[2]]
+    assert len(store.due_transmission(10.0 + 3600, 10**6)) == 300  # every backoff over
 
 
 @settings(max_examples=200, deadline=None)
