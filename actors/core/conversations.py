@@ -186,16 +186,16 @@ class Conversations(Part):
         if routed is None:
             return None
         cfg, target = routed
-        op = Begin(
-            cfg.service,
-            target,
-            ep.contract,
-            related_group=group.group_id,
-            encryption=cfg.encryption,
-            relays=ep.handle,
-        )
         undone = len(w.undo)
         try:
+            op = Begin(
+                cfg.service,
+                target,
+                ep.contract,
+                related_group=group.group_id,
+                encryption=cfg.encryption,
+                relays=ep.handle,
+            )
             self.begin(w, op)
         except BrokerError:  # refused before it made anything; what it counted is taken back
             for undo in reversed(w.undo[undone:]):

@@ -177,10 +177,11 @@ class TransmissionRows:
         ]
         if not due:
             return []
-        args: tuple[Any, ...] = (now, json.dumps(list(skip)))
-        among = "1"  # many due: found densely in row order
+        skipped = json.dumps(list(skip))
         if len(due) < DUE_PROBE:  # few: every due row is one of these
-            among, args = "id IN (SELECT value FROM json_each(?3))", (*args, json.dumps(due))
+            among, args = "id IN (SELECT value FROM json_each(?3))", (now, skipped, json.dumps(due))
+        else:  # many: found densely in row order
+            among, args = "1", (now, skipped)
         cur = self.db.execute(
             f"SELECT {_COLUMNS} FROM transmission_runs t WHERE {among} AND next_attempt <= ?1 "
             "AND endpoint_no NOT IN (SELECT value FROM json_each(?2)) AND NOT EXISTS (SELECT 1 "
