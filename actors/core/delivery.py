@@ -40,7 +40,7 @@ from actors.store import audit
 
 class Delivery(Part):
     # A router replica's first message of a new inbound dialog: (unit, endpoint, message type,
-    # first body) -> the outbound dialog it begun (relaying `ep`) to send the messages on, or
+    # first body) -> the outbound dialog it began (relaying `ep`) to send the messages on, or
     # None to queue them for the router's handler (`Conversations.route_first`).
     route_first: Callable[[Changes, Endpoint, str, bytes], Endpoint | None] | None = None
 
@@ -320,7 +320,7 @@ class Delivery(Part):
         first_seq: int,
         sent_at: float | None,
     ) -> None:
-        """Messages arriving on `ep` sent on on `onward` in the same unit: recorded in the audit
+        """Messages arriving on `ep` sent along `onward` in the same unit: recorded in the audit
         as received and committed here."""
         st = self.state
         n, now = len(bodies), w.now
