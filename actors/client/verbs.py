@@ -418,5 +418,4 @@ class Verbs:
         of dialogs routed, messages forwarded, passed through at arrival and errors."""
         check_name("queue", queue)
         check_name("service", service)
-        checks.page(0, limit)
         return self._call("view", "router", {"queue": queue, "service": service, "limit": limit})

@@ -304,11 +304,14 @@ class Delivery(Part):
         """Whether the first message `mt` of dialog `ep` arrives at an idle group of a router
         replica's queue (its activation runs the router's handler), with no state yet (no
         mapping of the group's: a new inbound dialog)."""
-        if ep.is_initiator or self.state.groups[ep.group_no].stateful:
+        if ep.is_initiator:
             return False
-        queue = self._idle_queue(w, ep, mt)
-        act = None if queue is None else queue.activation
-        return act is not None and act.enabled and act.handler == ROUTER_HANDLER
+        st = self.state
+        group = st.groups[ep.group_no]
+        act = st.catalog.queue(group.queue).activation  # first: most queues route nothing
+        if act is None or not act.enabled or act.handler != ROUTER_HANDLER or group.stateful:
+            return False
+        return self._idle_queue(w, ep, mt) is not None
 
     def _passed(
         self,
