@@ -6,7 +6,9 @@ dialog uses, and whether its messages travel sealed, wait or go in the clear, is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -39,6 +41,7 @@ from actors.security.sessions import (
 )
 
 MAX_OPENED = 10_000  # key-exchange keys, and callers' call keys, a broker keeps checked
+_MISSING = object()
 
 
 class Keyring:
@@ -56,6 +59,20 @@ class Keyring:
         # call keys (transport security): this broker's own, and its callers' it checked
         self._call_keys: dict[tuple[str, str], CallKey] = {}
         self._callers: dict[tuple[str, bytes], Ed25519PublicKey] = {}
+        # what a dialog's security reads of the catalog (certificates by service and
+        # fingerprint, grants, bindings), worked out once per change of the catalog, not once
+        # per dialog or call
+        self._derived: dict[tuple, Any] = {}
+        self._derived_at = -1  # the catalog's generation they were worked out at
+
+    def _memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        if self._derived_at != self.catalog.generation:
+            self._derived.clear()
+            self._derived_at = self.catalog.generation
+        found = self._derived.get(key, _MISSING)
+        if found is _MISSING:
+            found = self._derived[key] = make()  # nothing kept if it raises
+        return found
 
     def master(self) -> bytes:
         """The master key; SecurityError saying how to give one if the broker has none."""
@@ -88,9 +105,23 @@ class Keyring:
         return found
 
     def known(self) -> dict[str, tuple[str, CertInfo]]:
-        """Every certificate this broker holds: fingerprint -> (name, info)."""
-        return {self.info(c).fingerprint: (c.name, self.info(c))
-                for c in self.catalog.certificates.values()}  # fmt: skip
+        """Every certificate this broker holds: fingerprint -> (name, info). Not to be changed."""
+        return self._memo(("known",), lambda: {
+            self.info(c).fingerprint: (c.name, self.info(c))
+            for c in self.catalog.certificates.values()
+        })  # fmt: skip
+
+    def _owned(self, service: str) -> list[Certificate]:
+        """`service`'s certificates with a private key here, in the catalog's order."""
+        return self._memo(("owned", service), lambda: [
+            c for c in self.catalog.certificates.values() if c.owner == service and c.private_key
+        ])  # fmt: skip
+
+    def _granted(self, service: str) -> frozenset[str]:
+        """The certificates (or ANONYMOUS) granted on `service`."""
+        return self._memo(("granted", service), lambda: frozenset(
+            g.certificate for g in self.catalog.grants.values() if g.service == service
+        ))  # fmt: skip
 
     def _private(self, cert: Certificate) -> rsa.RSAPrivateKey:
         fp = self.info(cert).fingerprint
@@ -102,14 +133,13 @@ class Keyring:
     def own_keys(self, service: str) -> dict[str, rsa.RSAPrivateKey]:
         """The private keys of `service`'s certificates, old and new (a dialog secured before a
         rotation still opens), by fingerprint."""
-        return {self.info(c).fingerprint: self._private(c)
-                for c in self.catalog.certificates.values()
-                if c.owner == service and c.private_key}  # fmt: skip
+        return self._memo(("own keys", service), lambda: {
+            self.info(c).fingerprint: self._private(c) for c in self._owned(service)
+        })  # fmt: skip
 
     def _signing(self, service: str, now: float) -> Certificate | str:
         """The newest valid certificate of `service` with a private key, or why there is none."""
-        mine = [c for c in self.catalog.certificates.values()
-                if c.owner == service and c.private_key]  # fmt: skip
+        mine = self._owned(service)
         valid = [c for c in mine if certificates.invalid_at(self.info(c), now) is None]
         if not valid:
             why = (
@@ -136,6 +166,9 @@ class Keyring:
     def binding_for(self, service: str, broker: str | None) -> RemoteServiceBinding | None:
         """The binding of `service`: the one for `broker` if there is one, else the one for any
         broker."""
+        return self._memo(("binding", service, broker), lambda: self._find_binding(service, broker))
+
+    def _find_binding(self, service: str, broker: str | None) -> RemoteServiceBinding | None:
         found = None
         for b in self.catalog.remote_service_bindings.values():
             if b.service == service:
@@ -231,19 +264,17 @@ class Keyring:
         self, blob: bytes, conversation_id: str, from_service: str, to_service: str, now: float
     ) -> Accepted:
         """Open a dialog's key offer for local service `to_service` (SecurityError: refused)."""
-        granted = {g.certificate for g in self.catalog.grants.values() if g.service == to_service}
         if len(self._opened) >= MAX_OPENED:  # many initiators, or many rotations: start over
             self._opened.clear()
         return accept(blob, conversation_id, from_service, to_service,
-                      self.own_keys(to_service), self.known(), granted.__contains__,
-                      now, self._opened)  # fmt: skip
+                      self.own_keys(to_service), self.known(),
+                      self._granted(to_service).__contains__, now, self._opened)  # fmt: skip
 
     # --- transport security ----------------------------------------------------------------
 
     def sign_call(self, blob: bytes, sender: str, to: str, now: float) -> bytes:
         """A call to broker `to`, signed by this broker's identity if it has a valid one."""
-        if not any(c.owner == BROKER and c.private_key
-                   for c in self.catalog.certificates.values()):  # fmt: skip
+        if not self._owned(BROKER):
             return blob
         found = self.signer(BROKER, now)
         if isinstance(found, str):
@@ -259,10 +290,10 @@ class Keyring:
         CONNECT)."""
         if not self.limits.transport_security:
             return call_bundles(blob)
-        granted = {g.certificate for g in self.catalog.grants.values() if g.service == BROKER}
         if len(self._callers) >= MAX_OPENED:
             self._callers.clear()
-        opened = open_call(blob, me, self.known(), granted.__contains__, now, self._callers)
+        may_connect = self._granted(BROKER).__contains__
+        opened = open_call(blob, me, self.known(), may_connect, now, self._callers)
         if opened is not None:
             return opened[1]
         raise SecurityError(

@@ -207,6 +207,7 @@ class Catalog:
         self.remote_service_bindings: dict[str, RemoteServiceBinding] = {}
         self.grants: dict[str, Grant] = {}
         self._validators: dict[str, BodyValidator] = {}
+        self.generation = 0  # moved by every add and remove: what is derived keeps till then
         self.add(MessageType(DEFAULT))
         self.add(MessageType(ECHO))
         self.add(MessageType(REDIRECT, "json"))
@@ -374,12 +375,14 @@ class Catalog:
 
     def add(self, defn: Definition) -> None:
         self._table(kind_of(defn))[defn.name] = defn
+        self.generation += 1
         if isinstance(defn, MessageType):
             # checked strictly before (check_valid); a stored one is taken as it was accepted
             self._validators[defn.name] = BodyValidator(defn, strict=False)
 
     def remove(self, kind: str, name: str) -> None:
         del self._table(kind)[name]
+        self.generation += 1
         if kind == "message_type":
             self._validators.pop(name, None)
 
@@ -465,12 +468,8 @@ def check_activation(
             )
     for name in ("idle_timeout", "lease"):
         value = getattr(act, name)
-        if (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
             raise InvalidDefinition(
                 f"queue {queue!r}: activation {name} must be > 0 seconds, got {value!r}"
             )

@@ -210,6 +210,30 @@ def test_without_the_grant_the_dialog_is_refused_with_a_typed_error_and_an_event
     assert [m.body for m in take(b, "TargetQ")] == [b"next"]
 
 
+def test_a_grant_or_binding_dropped_after_dialogs_went_holds_the_next_dialog(pair):
+    net, a, b = pair  # the keyring's answers kept since the first dialog went do not hold
+    secure(a, b)
+    begin(a, b"first")
+    net.pump()
+    assert [m.body for m in take(b, "TargetQ")] == [b"first"]
+    b.drop("grant", "InitMaySend")
+    begin(a, b"refused")
+    net.pump()
+    assert take(b, "TargetQ") == []
+    [err] = take(a, "InitQ")
+    assert "'InitCert' is not granted SEND" in parse_error_body(err.body)[1]
+    a.drop("remote_service_binding", "ToTarget")
+    held = begin(a, b"held")
+    net.pump()
+    assert take(b, "TargetQ") == []
+    assert "no remote service binding" in a.transmission_view()[0]["transmission_status"]
+    b.create(Grant("InitMaySend", "Target", "InitCert"))
+    a.create(RemoteServiceBinding("ToTarget", "Target", "TargetCert"))
+    net.later()
+    got = take(b, "TargetQ")
+    assert [(m.body, m.conversation_handle != held) for m in got] == [(b"held", True)]
+
+
 def test_a_body_changed_in_flight_is_refused_and_the_original_resend_delivered_once(pair):
     net, a, b = pair
     secure(a, b)
