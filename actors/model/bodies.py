@@ -73,6 +73,8 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
 _NOT_PLAIN = frozenset(b"\x00\xef\xfe\xff")  # a first byte of a BOM, or a zero
+_SCAN = _DECODER.scan_once  # the C scanner `decode` calls, after two whitespace matches
+_SPACE = " \t\n\r"  # JSON's whitespace
 
 
 def _loads(body: bytes) -> Any:
@@ -81,8 +83,17 @@ def _loads(body: bytes) -> Any:
         # json.detect_encoding's answer is UTF-8 unless a BOM or a zero byte leads: most bodies
         # are told so without calling it
         plain = body and body[0] not in _NOT_PLAIN and (len(body) < 2 or body[1])
-        encoding = "utf-8" if plain else json.detect_encoding(body)
-        return _DECODER.decode(body.decode(encoding, "surrogatepass"))
+        text = body.decode("utf-8" if plain else json.detect_encoding(body), "surrogatepass")
+        if text and text[0] not in _SPACE and text[-1] not in _SPACE:
+            # most bodies: no whitespace around the value, scanned at once (anything else, and
+            # any error, as `decode` has it, so its message names what is wrong)
+            try:
+                doc, end = _SCAN(text, 0)
+            except StopIteration:
+                end = -1
+            if end == len(text):
+                return doc
+        return _DECODER.decode(text)
     return json.loads(body, parse_constant=_no_constants)  # what json makes of anything else
 
 
