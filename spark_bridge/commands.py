@@ -23,7 +23,11 @@ def add_parsers(sub: Any) -> None:
     ing.add_argument("--group", help="dialogs with the same value share a conversation group")
     ing.add_argument("--body-format", default="json", help="struct bodies as json or msgpack")
     ing.add_argument("--ingest-id", help="names the ingest; run again with it to finish a run")
-    ing.add_argument("--batch-rows", type=int, default=4000, help="rows per apply call")
+    ing.add_argument(
+        "--batch-rows",
+        type=int,
+        help="rows per apply call (default 4,000; paced: 10 calls a second)",
+    )
     ing.add_argument("--rows-per-s", type=float, help="send at most this many rows a second")
     ing.add_argument("--report", metavar="PATH", help="write the report as JSON (for audit)")
     ing.add_argument(

@@ -29,7 +29,14 @@ from actors.model.catalog import Contract, MessageType, may_send
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
-from .plan import BODY_FORMATS, IngestSpec, Pace, PartitionPlanner, check_ingest_id
+from .plan import (
+    BODY_FORMATS,
+    IngestSpec,
+    Pace,
+    PartitionPlanner,
+    call_rows,
+    check_ingest_id,
+)
 from .progress import BOARD, Tally, Watcher, best_effort, board, print_progress
 
 KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
@@ -88,7 +95,7 @@ def ingest(
     group: str | None = None,
     body_format: str = "json",
     ingest_id: str | None = None,
-    batch_rows: int = 4000,
+    batch_rows: int | None = None,
     in_flight: int = 4,
     partitions: int | None = None,
     progress: bool | Callable[[dict[str, Any]], None] = True,
@@ -110,14 +117,18 @@ def ingest(
     only secured (dialog security configured for `to_service`), else they wait.
     `rows_per_s`: send at most this many rows a second in all, shared evenly by the partitions
     (which all send at once when there are no more of them than executor cores), to feed a
-    pipeline at a steady rate instead of as fast as the brokers take rows; with it, keep
-    `batch_rows` small (a tenth of a partition's rate, say) so rows go out evenly.
+    pipeline at a steady rate instead of as fast as the brokers take rows. `batch_rows`: rows a
+    call at most; by default 4,000, or with `rows_per_s` a tenth of a partition's rate (ten
+    calls a second each, so rows go out evenly: a call costs every broker on the path
+    transactions and round trips however few rows it carries, so many more, smaller calls load
+    the brokers more than their rows do).
     """
     started = time.monotonic()
     ingest_id = check_ingest_id(uuid.uuid4().hex if ingest_id is None else ingest_id)
     senders = _senders(brokers)
     to_service = _target(brokers, to_service)
-    _whole("batch_rows", batch_rows)
+    if batch_rows is not None:
+        _whole("batch_rows", batch_rows)
     _whole("in_flight", in_flight)
     if partitions is not None:
         _whole("partitions", partitions)
@@ -133,6 +144,11 @@ def ingest(
         raise IngestError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
     mt, limits = _check_catalog(senders, from_service, to_service, contract, message_type)
     _check_columns(df, body=body, key=key, order=order, group=group)
+    frame = arranged(df, key, order, partitions)
+    import ray
+
+    share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None
+    batch_rows = call_rows(batch_rows, share)
     spec = IngestSpec(
         ingest_id=ingest_id,
         run=uuid.uuid4().hex[:16],
@@ -150,10 +166,6 @@ def ingest(
         call_bytes=min(IngestSpec.call_bytes, limits.max_call_bytes // 2),
         encryption=encryption,
     )
-    frame = arranged(df, key, order, partitions)
-    import ray
-
-    share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None
 
     meter = board(NAMESPACE)
     best_effort(lambda: meter.start.remote(spec.run, None))  # no pass to count the rows first

@@ -112,10 +112,8 @@ def _phase(
 
     df = _orders(spark, orders, first)
     rows = orders * LINES
-    options: dict[str, Any] = {}
-    if rows_per_s is not None:  # small calls, so the rows go out evenly (20 a second a sender)
-        share = rows_per_s / spark.sparkContext.defaultParallelism
-        options = {"rows_per_s": rows_per_s, "batch_rows": max(LINES, round(share / 20))}
+    # paced: calls of a tenth of a second's rows (the ingest's default), so rows go out evenly
+    options: dict[str, Any] = {} if rows_per_s is None else {"rows_per_s": rows_per_s}
     started, t = time.time(), time.perf_counter()
     with Replies(shop, rows, show) as replies:
         report = ingest(df, routers, from_service="Store", contract="Sales",

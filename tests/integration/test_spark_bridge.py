@@ -179,16 +179,18 @@ def test_an_ingest_run_again_with_its_id_sends_nothing_twice(spark, orders_broke
 
 
 def test_a_paced_ingest_keeps_to_its_rate_and_sends_every_row_once(spark, orders_broker):
-    """600 rows at 400 rows a second over 2 partitions (200 each) in calls of 20: the larger
-    partition holds 300 rows or more, so its last call cannot go before 280 / 200 = 1.4 s, nor
-    can the ingest end sooner; every row arrives once, in order."""
+    """600 rows at 400 rows a second over 2 partitions (200 each) in calls of 20 (a tenth of a
+    second's rows, the paced default): the larger partition holds 300 rows or more, so its last
+    call cannot go before 280 / 200 = 1.4 s, nor can the ingest end sooner; every row arrives
+    once, in order."""
     df = orders_frame(spark, 600, 12)
     report = ingest(
         df, orders_broker, **SEND, **ORDER_COLUMNS, ingest_id="paced-1", rows_per_s=400,
-        batch_rows=20, partitions=2, progress=False,
+        partitions=2, progress=False,
     )  # fmt: skip
 
     assert (report.sent, report.rows) == (600, 600)
+    assert report.calls >= 600 // 20
     assert report.elapsed_s >= 1.4
     assert sorted(o["id"] for o in drain(orders_broker)) == list(range(600))
     result = reconcile(

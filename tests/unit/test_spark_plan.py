@@ -24,6 +24,7 @@ from spark_bridge.plan import (
     PartitionPlanner,
     Rejected,
     broker_of,
+    call_rows,
     check_ingest_id,
     dialog_id,
     encode_bodies,
@@ -514,3 +515,10 @@ def test_a_pace_holds_each_call_until_the_rows_before_it_are_due():
 def test_a_pace_needs_a_rate_above_zero(rate):
     with pytest.raises(InvalidArgument, match="above 0 rows a second"):
         Pace(rate, start=0.0)
+
+
+def test_a_paced_sender_calls_ten_times_a_second_unless_told_its_call_size():
+    assert call_rows(None, None) == 4000  # unpaced: as many rows a call as the default allows
+    assert call_rows(None, 1500.0) == 150  # 1,500 rows a second: calls of 150, ten a second
+    assert call_rows(None, 4.0) == 1  # never a call of no rows
+    assert call_rows(20, 1500.0) == 20  # what the caller asked for
