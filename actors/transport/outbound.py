@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from actors.model.dialogs import Endpoint
 from actors.model.hops import Hop
+from actors.model.routing import Match
 from actors.store.database import Store
 from actors.store.transmission import Waiting
 from actors.transport.port import BrokerPort, Work
@@ -27,6 +28,7 @@ class Outbound:
     spans: list[tuple[int, int, int]] = field(default_factory=list)  # each row's (ep, first, last)
     endpoints: list[int] = field(default_factory=list)  # each bundle's endpoint
     messages: int = 0
+    in_flight: bool = True  # until `Dispatcher.release`
 
     def unacknowledged(self, covered: dict[int, list[tuple[int, int]]]) -> list[int]:
         """The rows with messages no range in `covered` (endpoint -> acknowledged (first, last)
@@ -44,6 +46,11 @@ class Outbound:
         starts = {(ep_no, first) for ep_no, first, _ in self.spans}
         ends = {(ep_no, last) for ep_no, _, last in self.spans}
         return {r for r in ranges if (r[0], r[1]) in starts and (r[0], r[2]) in ends}
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Its list of next hops, by address."""
+        return tuple(h.address for h in self.hops)
 
     def blob(self) -> bytes:
         return pack_bundles(self.bundles)
@@ -66,6 +73,10 @@ class Dispatcher:
         self.port = port
         self.store = store
         self.inflight_eps = port.sending  # endpoints being sent: one batch per dialog at a time
+        # calls in flight by list of next hops: while one is, what is due for those hops waits
+        # for its answer and goes in the next call, unless a full batch is waiting (so a busy
+        # broker sends fewer, larger calls: each costs both sides transactions and a round trip)
+        self.calls: dict[tuple[str, ...], int] = {}
 
     @property
     def pending(self) -> bool:
@@ -88,6 +99,8 @@ class Dispatcher:
         delays: list[tuple[str, float, int, int]] = []  # status, next attempt, attempts, row id
         local: list[int] = []
         fresh: list[int] = []  # dialogs secured in this pass: their keys are stored first
+        routed: list[tuple[int, list[Waiting], Endpoint, Match, list[Hop], tuple[str, ...]]] = []
+        waiting: dict[tuple[str, ...], int] = {}  # messages due by list of next hops
         for ep_no, ep_rows in by_ep.items():
             if len(ep_rows) > 1:  # a row cut in two by an acknowledgement has its rest last
                 ep_rows.sort(key=lambda r: r.first_seq)
@@ -99,7 +112,15 @@ class Dispatcher:
             if hops and hops[0].rank == "local":
                 local.append(ep_no)
                 continue
-            if not hops:
+            key = tuple(h.address for h in hops)
+            routed.append((ep_no, ep_rows, ep, m, hops, key))
+            due = sum(r.last_seq - r.first_seq + 1 for r in ep_rows)
+            waiting[key] = waiting.get(key, 0) + due
+        for ep_no, ep_rows, ep, m, hops, key in routed:
+            if hops:
+                if self.calls.get(key) and waiting[key] < limits.batch_rows:
+                    continue  # goes with the next call, once the one in flight is answered
+            else:
                 why = (
                     m.describe()
                     if m.delayed
@@ -119,7 +140,6 @@ class Dispatcher:
                     for r in ep_rows
                 ]
                 continue
-            key = tuple(h.address for h in hops)
             out = batches.get(key)
             if out is None or out.messages >= limits.batch_rows:  # several calls in flight
                 if out is not None:
@@ -140,6 +160,8 @@ class Dispatcher:
         outs = [*full, *batches.values()]
         for out in outs:
             self.inflight_eps.update(out.endpoints)
+            key = out.key
+            self.calls[key] = self.calls.get(key, 0) + 1
         return outs
 
     def _route_here(self, delays: list[tuple[str, float, int, int]], local: list[int]) -> None:
@@ -275,5 +297,11 @@ class Dispatcher:
         )
 
     def release(self, out: Outbound) -> None:
-        """Forget that a batch is in flight (its rows stay queued)."""
+        """Forget that a batch is in flight (its rows stay queued). Once per batch."""
+        if not out.in_flight:
+            return
+        out.in_flight = False
         self.inflight_eps.difference_update(out.endpoints)
+        left = self.calls.pop(out.key, 1) - 1
+        if left:
+            self.calls[out.key] = left

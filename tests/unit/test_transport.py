@@ -226,6 +226,31 @@ def test_the_transmission_queue_empties_as_acknowledgements_arrive(net, pair):
     assert endpoint(b, conv=conv_of(a, h))["receive_sequence"] == 3
 
 
+def test_while_a_call_is_in_flight_what_comes_due_for_its_hops_goes_in_the_next_call(net):
+    a = net.add("A", INIT, limits=Limits(batch_rows=4))
+    b = net.add("B", TARGET)
+    route(a, "routes", "ToTarget", "Target", "ray://B")
+    begin(a, b"x0")
+    (first,) = a.transport.dispatch()
+    begin(a, b"y0")
+    begin(a, b"z0", b"z1")
+    assert a.transport.dispatch() == []  # three messages wait for the call in flight
+    a.transport.acknowledged(first, net.deliver("A", "B", first.blob()))
+    (second,) = a.transport.dispatch()  # then go together, in one call
+    assert [len(bd.seqs) for bd in second.bundles] == [1, 2]
+    begin(a, b"w0", b"w1", b"w2", b"w3")
+    (full,) = a.transport.dispatch()  # a full call's worth goes beside the one in flight
+    assert [len(bd.seqs) for bd in full.bundles] == [4]
+    a.transport.release(second)
+    a.transport.release(second)  # once per call: the second release changes nothing
+    assert a.transport.dispatch() == []  # `full` is still in flight, and nothing else waits
+    a.transport.acknowledged(full, net.deliver("A", "B", full.blob()))
+    a.transport.acknowledged(second, net.deliver("A", "B", second.blob()))
+    assert a.transmission_view() == []
+    assert sorted(m.body for m in take(b, "TargetQ")) == [b"w0", b"w1", b"w2", b"w3", b"x0",
+                                                          b"y0", b"z0", b"z1"]  # fmt: skip
+
+
 def test_the_first_acknowledgement_pins_the_far_broker_id_on_the_initiator_endpoint(net, pair):
     a, b = pair
     h = begin(a, b"hello")
@@ -1399,7 +1424,8 @@ def test_a_closed_endpoint_is_kept_while_its_error_still_waits_to_go_out(net, pa
 
 
 def _forwarding_pair(net, buffer: int):
-    a = net.add("A", INIT)
+    # A's calls of two messages are full: a second goes while the first is in flight
+    a = net.add("A", INIT, limits=Limits(batch_rows=2))
     b = net.add("B", TARGET)
     f = net.add("F", forwarding=True, limits=Limits(forward_buffer=buffer))
     route(a, "routes", "ToTarget", "Target", "ray://F")
