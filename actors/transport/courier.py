@@ -55,6 +55,9 @@ class Courier:
         except Exception:
             log.exception("broker %s: sending a batch failed; it is retried", self.port.name)
             self.dispatcher.release(out)
+        except BaseException:  # cancelled: its rows stay queued, its dialogs and hops free
+            self.dispatcher.release(out)
+            raise
         return False
 
     async def _call(self, broker: str, blob: bytes, timeout: float) -> bytes:

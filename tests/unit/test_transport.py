@@ -251,6 +251,32 @@ def test_while_a_call_is_in_flight_what_comes_due_for_its_hops_goes_in_the_next_
                                                           b"y0", b"z0", b"z1"]  # fmt: skip
 
 
+def test_a_send_cancelled_in_flight_leaves_its_messages_to_go_in_the_next_call(net, pair):
+    a, b = pair
+    begin(a, b"m0")
+    (out,) = a.transport.dispatch()
+    held = asyncio.Event()
+
+    async def never(blob: bytes) -> bytes:
+        held.set()
+        await asyncio.Event().wait()
+        return b""
+
+    net.couriers["B"].deliver = never
+
+    async def cancelled() -> None:
+        task = asyncio.create_task(net.couriers["A"].send(out))
+        await held.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    begin(a, b"n0")
+    (again,) = a.transport.dispatch()  # neither the dialog nor the hop is held by the lost call
+    assert sorted(len(bd.seqs) for bd in again.bundles) == [1, 1]
+
+
 def test_the_first_acknowledgement_pins_the_far_broker_id_on_the_initiator_endpoint(net, pair):
     a, b = pair
     h = begin(a, b"hello")
