@@ -77,6 +77,8 @@ class Dispatcher:
         # for its answer and goes in the next call, unless a full batch is waiting (so a busy
         # broker sends fewer, larger calls: each costs both sides transactions and a round trip)
         self.calls: dict[tuple[str, ...], int] = {}
+        # the dialogs left for such a call's answer: not read again until it comes
+        self.held: dict[tuple[str, ...], set[int]] = {}
 
     @property
     def pending(self) -> bool:
@@ -88,7 +90,8 @@ class Dispatcher:
         comes back as batches to send, grouped by their next hops."""
         port, store, limits = self.port, self.store, self.port.limits
         now = port.now()
-        rows = store.due_transmission(now, limits.dispatch_rows, self.inflight_eps)
+        skip = self.inflight_eps.union(*self.held.values()) if self.held else self.inflight_eps
+        rows = store.due_transmission(now, limits.dispatch_rows, skip)
         if not rows:
             return []
         by_ep: dict[int, list[Waiting]] = {}
@@ -119,7 +122,9 @@ class Dispatcher:
         for ep_no, ep_rows, ep, m, hops, key in routed:
             if hops:
                 if self.calls.get(key) and waiting[key] < limits.batch_rows:
-                    continue  # goes with the next call, once the one in flight is answered
+                    # goes with the next call, once the one in flight is answered
+                    self.held.setdefault(key, set()).add(ep_no)
+                    continue
             else:
                 why = (
                     m.describe()
@@ -302,6 +307,7 @@ class Dispatcher:
             return
         out.in_flight = False
         self.inflight_eps.difference_update(out.endpoints)
+        self.held.pop(out.key, None)
         left = self.calls.pop(out.key, 1) - 1
         if left:
             self.calls[out.key] = left

@@ -234,7 +234,17 @@ def test_while_a_call_is_in_flight_what_comes_due_for_its_hops_goes_in_the_next_
     (first,) = a.transport.dispatch()
     begin(a, b"y0")
     begin(a, b"z0", b"z1")
+    read, rows_read = a.store.due_transmission, []
+
+    def due(*args):
+        rows = read(*args)
+        rows_read.append(len(rows))
+        return rows
+
+    a.store.due_transmission = due
     assert a.transport.dispatch() == []  # three messages wait for the call in flight
+    assert a.transport.dispatch() == []  # and are not read again while they wait
+    assert rows_read == [2, 0]
     a.transport.acknowledged(first, net.deliver("A", "B", first.blob()))
     (second,) = a.transport.dispatch()  # then go together, in one call
     assert [len(bd.seqs) for bd in second.bundles] == [1, 2]
