@@ -114,7 +114,9 @@ def ingest(
     the same id, it sends nothing twice. `progress`:
     True prints rows and rows/s to stderr, a callable receives each view, False shows nothing.
     `encryption`: the dialogs' ENCRYPTION (`actors.Begin`): on, they leave the sending broker
-    only secured (dialog security configured for `to_service`), else they wait.
+    only secured (dialog security configured for `to_service`), else they wait; so with it on,
+    an ingest to a service of another broker is refused before anything is sent when a sender
+    has no remote service binding for that service.
     `rows_per_s`: send at most this many rows a second in all, shared evenly by the partitions
     (which all send at once when there are no more of them than executor cores), to feed a
     pipeline at a steady rate instead of as fast as the brokers take rows. `batch_rows`: rows a
@@ -142,7 +144,9 @@ def ingest(
         raise IngestError(f"encryption must be True or False, not {encryption!r}")
     if body_format not in BODY_FORMATS:
         raise IngestError(f"body_format must be one of {BODY_FORMATS}, not {body_format!r}")
-    mt, limits = _check_catalog(senders, from_service, to_service, contract, message_type)
+    mt, limits = _check_catalog(
+        senders, from_service, to_service, contract, message_type, encryption
+    )
     _check_columns(df, body=body, key=key, order=order, group=group)
     frame = arranged(df, key, order, partitions)
     import ray
@@ -383,10 +387,17 @@ def _target(brokers: Any, to_service: str | None) -> str:
 
 
 def _check_catalog(
-    senders: Sequence[Any], from_service: str, to_service: str, contract: str, message_type: str
+    senders: Sequence[Any],
+    from_service: str,
+    to_service: str,
+    contract: str,
+    message_type: str,
+    encryption: bool,
 ) -> tuple[MessageType, Limits]:
     """The message type to validate bodies with and the tightest limits of the senders; refuses,
-    naming what is missing, when a sender could not begin or send on the dialog."""
+    naming what is missing, when a sender could not begin or send on the dialog, or when its
+    dialogs, begun with encryption on to a service of another broker, would wait for a remote
+    service binding the sender does not have (seed 003)."""
     mt: MessageType | None = None
     tightest: dict[str, int] = {}
     for b in senders:
@@ -408,12 +419,20 @@ def _check_catalog(
             raise IngestError(
                 f"contract {contract!r} does not let the initiator send {message_type!r}"
             )
+        bound = any(k == "remote_service_binding" and r["service"] == to_service
+                    for (k, _), r in defs.items())  # fmt: skip
+        if encryption and ("service", to_service) not in defs and not bound:
+            raise IngestError(
+                f"broker {b.name!r} has no remote service binding for service {to_service!r}, "
+                "so dialogs begun with encryption on would wait in its transmission queue for "
+                "one; create a RemoteServiceBinding there (dialog security), or ingest with "
+                "encryption=False"
+            )
         mt = MessageType(rec["name"], rec["validation"], rec.get("schema"))
         own = Limits.of(b.info().get("limits"))
         for name in ("max_body_bytes", "max_call_bytes"):
             tightest[name] = min(tightest.get(name, getattr(own, name)), getattr(own, name))
-    assert mt is not None
-    del to_service  # routed by the brokers; a missing route is the brokers' to report
+    assert mt is not None  # a missing route is the brokers' to report: routes may come later
     return mt, Limits.of(tightest)
 
 

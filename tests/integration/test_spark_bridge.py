@@ -336,6 +336,18 @@ def test_bad_arguments_are_refused_before_anything_is_sent(
     assert_nothing_sent(refusing_broker)
 
 
+def test_encryption_to_a_far_service_without_a_binding_is_refused_before_anything_is_sent(
+    spark, refusing_broker
+):
+    df = orders_frame(spark, 10, 2)
+    far = {**SEND, "to_service": "FarFulfilment"}  # no service here, no binding for it
+
+    with pytest.raises(IngestError, match="no remote service binding for service 'FarFul"):
+        ingest(df, refusing_broker, **far, **ORDER_COLUMNS, progress=False)
+
+    assert_nothing_sent(refusing_broker)
+
+
 def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark, refusing_broker):
     # two null keys among 20,000 rows in 4 partitions: found in the shuffle that arranges the
     # rows, which ends before any partition reaches a sender
