@@ -49,11 +49,15 @@ class Outbound:
 
     @property
     def key(self) -> tuple[str, ...]:
-        """Its list of next hops, by address."""
-        return tuple(h.address for h in self.hops)
+        return hop_key(self.hops)
 
     def blob(self) -> bytes:
         return pack_bundles(self.bundles)
+
+
+def hop_key(hops: Sequence[Hop]) -> tuple[str, ...]:
+    """A list of next hops, by address: what batches and calls in flight are kept by."""
+    return tuple(h.address for h in hops)
 
 
 def _covers(ranges: Sequence[tuple[int, int]], first: int, last: int) -> bool:
@@ -115,7 +119,7 @@ class Dispatcher:
             if hops and hops[0].rank == "local":
                 local.append(ep_no)
                 continue
-            key = tuple(h.address for h in hops)
+            key = hop_key(hops)
             routed.append((ep_no, ep_rows, ep, m, hops, key))
             due = sum(r.last_seq - r.first_seq + 1 for r in ep_rows)
             waiting[key] = waiting.get(key, 0) + due
