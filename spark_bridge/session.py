@@ -33,6 +33,11 @@ _OPENED = (
 )
 JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENED)
 _JVMS = ("driver", "executor", "ray.raydp_app_master")  # Spark's driver, executors, RayDP's master
+# The JIT's first tier only. The driver and RayDP's master run no hot loops of rows (the
+# executors do), yet their second-tier compiler threads took 0.6-0.9 CPU-seconds of each
+# 1,000,000-row ingest on a 2-core machine, CPU the executors and the brokers wanted; with this
+# the driver and master took 0.2-0.3 and the ingest ran 17% faster (docs/benchmarks.md).
+FIRST_TIER = "-XX:TieredStopAtLevel=1"
 
 
 def short_jobs_configs() -> dict[str, str]:
@@ -40,7 +45,7 @@ def short_jobs_configs() -> dict[str, str]:
     compile with the JIT's first tier only and collect with one GC thread, which costs such jobs
     about a quarter less CPU (measured over the Spark bridge's tests: 343 -> 249 CPU seconds).
     Long ingests of millions of rows want the default: the second tier's faster code."""
-    options = f"{JAVA_OPTIONS} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    options = f"{JAVA_OPTIONS} {FIRST_TIER} -XX:+UseSerialGC"
     return {f"spark.{jvm}.extraJavaOptions": options for jvm in _JVMS}
 
 
@@ -48,14 +53,20 @@ def spark_configs(
     executor_cpus: float, extra: Mapping[str, str] | None = None, cores: int = 2
 ) -> dict[str, str]:
     """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
-    app master, this interpreter for Python workers, how many Ray CPUs an executor holds (less
+    app master (the driver and the master JIT-compile with the first tier only, `FIRST_TIER`;
+    the executors, which run the rows' loops, with both), this interpreter for Python workers,
+    how many Ray CPUs an executor holds (less
     than its cores, so Ray tasks and the brokers' readers still get CPUs beside it), and shuffles
     cut into a few partitions per core the executors have (Spark's default of 200 makes every
     join and count of an audit run 200 tasks: the demo's 200-order audit read and reconciles
     took 91 s with them, about 39 s without)."""
     conf = {
         "spark.sql.shuffle.partitions": str(2 * cores),
-        **{f"spark.{jvm}.extraJavaOptions": JAVA_OPTIONS for jvm in _JVMS},
+        **{
+            f"spark.{jvm}.extraJavaOptions": JAVA_OPTIONS
+            + ("" if jvm == "executor" else f" {FIRST_TIER}")
+            for jvm in _JVMS
+        },
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(executor_cpus),
         "spark.sql.execution.arrow.pyspark.enabled": "true",

@@ -1,0 +1,32 @@
+"""The Spark session's settings (spark_bridge/session.py), as given to RayDP. No Spark, no Ray."""
+
+from __future__ import annotations
+
+from spark_bridge.session import short_jobs_configs, spark_configs
+
+
+def _options(conf: dict[str, str], jvm: str) -> list[str]:
+    return conf[f"spark.{jvm}.extraJavaOptions"].split()
+
+
+def test_the_driver_and_master_compile_with_the_first_tier_and_the_executors_with_both():
+    conf = spark_configs(1.0)
+    for jvm in ("driver", "ray.raydp_app_master"):
+        assert "-XX:TieredStopAtLevel=1" in _options(conf, jvm), jvm
+    assert not any(o.startswith("-XX:TieredStopAtLevel") for o in _options(conf, "executor"))
+    for jvm in ("driver", "executor", "ray.raydp_app_master"):  # JDK 17's openings, on all
+        assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in _options(conf, jvm), jvm
+
+
+def test_a_short_jobs_session_puts_every_jvm_on_the_first_tier_and_one_gc_thread():
+    conf = spark_configs(1.0, short_jobs_configs())
+    for jvm in ("driver", "executor", "ray.raydp_app_master"):
+        options = _options(conf, jvm)
+        assert {"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"} <= set(options), jvm
+        assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in options, jvm
+
+
+def test_settings_given_by_the_caller_win():
+    conf = spark_configs(0.5, {"spark.sql.shuffle.partitions": "9"}, cores=4)
+    assert conf["spark.sql.shuffle.partitions"] == "9"
+    assert conf["spark.ray.raydp_spark_executor.actor.resource.cpu"] == "0.5"
