@@ -33,11 +33,19 @@ _OPENED = (
 )
 JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENED)
 _JVMS = ("driver", "executor", "ray.raydp_app_master")  # Spark's driver, executors, RayDP's master
-# The JIT's first tier only. The driver and RayDP's master run no hot loops of rows (the
-# executors do), yet their second-tier compiler threads took 0.6-0.9 CPU-seconds of each
-# 1,000,000-row ingest on a 2-core machine, CPU the executors and the brokers wanted; with this
-# the driver and master took 0.2-0.3 and the ingest ran 17% faster (docs/benchmarks.md).
+# JVM options by role (docs/benchmarks.md has the measurements, 1,000,000-row ingests on a
+# 2-core machine). The driver and RayDP's master run no hot loops of rows, yet their
+# second-tier JIT compiler threads took 0.6-0.9 CPU-seconds of each ingest, CPU the executors
+# and the brokers wanted: they compile with the first tier only (0.2-0.3; ingests 17% faster).
+# The executors run the rows' loops, so they keep both tiers, and collect with the parallel
+# collector, which does its work in the pauses rather than in threads beside the tasks
+# (G1's, the JVM's default, took CPU from the brokers meanwhile: ingests 10% faster).
 FIRST_TIER = "-XX:TieredStopAtLevel=1"
+_ROLE_OPTIONS = {
+    "driver": FIRST_TIER,
+    "executor": "-XX:+UseParallelGC",
+    "ray.raydp_app_master": FIRST_TIER,
+}
 
 
 def short_jobs_configs() -> dict[str, str]:
@@ -53,9 +61,8 @@ def spark_configs(
     executor_cpus: float, extra: Mapping[str, str] | None = None, cores: int = 2
 ) -> dict[str, str]:
     """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
-    app master (the driver and the master JIT-compile with the first tier only, `FIRST_TIER`;
-    the executors, which run the rows' loops, with both), this interpreter for Python workers,
-    how many Ray CPUs an executor holds (less
+    app master (the module openings, and each role's JIT and GC choice: `_ROLE_OPTIONS`), this
+    interpreter for Python workers, how many Ray CPUs an executor holds (less
     than its cores, so Ray tasks and the brokers' readers still get CPUs beside it), and shuffles
     cut into a few partitions per core the executors have (Spark's default of 200 makes every
     join and count of an audit run 200 tasks: the demo's 200-order audit read and reconciles
@@ -63,9 +70,7 @@ def spark_configs(
     conf = {
         "spark.sql.shuffle.partitions": str(2 * cores),
         **{
-            f"spark.{jvm}.extraJavaOptions": JAVA_OPTIONS
-            + ("" if jvm == "executor" else f" {FIRST_TIER}")
-            for jvm in _JVMS
+            f"spark.{jvm}.extraJavaOptions": f"{JAVA_OPTIONS} {_ROLE_OPTIONS[jvm]}" for jvm in _JVMS
         },
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(executor_cpus),

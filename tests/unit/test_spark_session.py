@@ -13,7 +13,9 @@ def test_the_driver_and_master_compile_with_the_first_tier_and_the_executors_wit
     conf = spark_configs(1.0)
     for jvm in ("driver", "ray.raydp_app_master"):
         assert "-XX:TieredStopAtLevel=1" in _options(conf, jvm), jvm
-    assert not any(o.startswith("-XX:TieredStopAtLevel") for o in _options(conf, "executor"))
+    executor = _options(conf, "executor")
+    assert not any(o.startswith("-XX:TieredStopAtLevel") for o in executor)
+    assert "-XX:+UseParallelGC" in executor
     for jvm in ("driver", "executor", "ray.raydp_app_master"):  # JDK 17's openings, on all
         assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in _options(conf, jvm), jvm
 
@@ -23,6 +25,7 @@ def test_a_short_jobs_session_puts_every_jvm_on_the_first_tier_and_one_gc_thread
     for jvm in ("driver", "executor", "ray.raydp_app_master"):
         options = _options(conf, jvm)
         assert {"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"} <= set(options), jvm
+        assert "-XX:+UseParallelGC" not in options, jvm  # one collector only
         assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in options, jvm
 
 
