@@ -62,7 +62,8 @@ def spark_configs(
 ) -> dict[str, str]:
     """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
     app master (the module openings, and each role's JIT and GC choice: `_ROLE_OPTIONS`), this
-    interpreter for Python workers, how many Ray CPUs an executor holds (less
+    interpreter for Python workers and their daemon (`spark_bridge.worker_daemon`), how many
+    Ray CPUs an executor holds (less
     than its cores, so Ray tasks and the brokers' readers still get CPUs beside it), and shuffles
     cut into a few partitions per core the executors have (Spark's default of 200 makes every
     join and count of an audit run 200 tasks: the demo's 200-order audit read and reconciles
@@ -73,6 +74,7 @@ def spark_configs(
             f"spark.{jvm}.extraJavaOptions": f"{JAVA_OPTIONS} {_ROLE_OPTIONS[jvm]}" for jvm in _JVMS
         },
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.python.daemon.module": "spark_bridge.worker_daemon",  # no jar on workers' paths
         "spark.ray.raydp_spark_executor.actor.resource.cpu": str(executor_cpus),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.showConsoleProgress": "false",

@@ -78,6 +78,24 @@ def test_the_session_cuts_shuffles_into_two_partitions_per_executor_core(spark):
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
 
 
+def _worker_paths(batches):
+    import sys
+
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    paths = [*sys.path, *sys.path_importer_cache]
+    yield pa.RecordBatch.from_pylist([{"jars": [p for p in paths if ".jar" in p]}])
+
+
+def test_python_workers_run_without_the_spark_jar_on_their_path(spark):
+    # Spark puts its spark-core jar on the workers' PYTHONPATH; each task then read its
+    # directory again (importlib.invalidate_caches): the session's daemon takes it off
+    rows = spark.range(4).repartition(2).mapInArrow(_worker_paths, "jars array<string>").collect()
+    assert len(rows) == 2 and all(r.jars == [] for r in rows), rows
+
+
 def test_a_short_jobs_session_keeps_the_module_openings_beside_its_jit_and_gc_options(spark):
     # the session fixture's settings (short_jobs_configs), as every JVM of the session got them
     for jvm in ("driver", "executor", "ray.raydp_app_master"):

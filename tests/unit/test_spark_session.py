@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from spark_bridge.session import short_jobs_configs, spark_configs
+from spark_bridge.worker_daemon import without_jars
 
 
 def _options(conf: dict[str, str], jvm: str) -> list[str]:
@@ -33,3 +34,12 @@ def test_settings_given_by_the_caller_win():
     conf = spark_configs(0.5, {"spark.sql.shuffle.partitions": "9"}, cores=4)
     assert conf["spark.sql.shuffle.partitions"] == "9"
     assert conf["spark.ray.raydp_spark_executor.actor.resource.cpu"] == "0.5"
+
+
+def test_the_workers_daemon_is_the_bridges_and_drops_only_jar_files(tmp_path):
+    assert spark_configs(1.0)["spark.python.daemon.module"] == "spark_bridge.worker_daemon"
+    jar, folder = tmp_path / "spark-core.jar", tmp_path / "lib.jar"
+    jar.write_bytes(b"PK")
+    folder.mkdir()  # a directory named like a jar is a directory: kept
+    paths = [str(tmp_path), str(jar), str(folder), "/nowhere/x.jar"]
+    assert without_jars(paths) == [str(tmp_path), str(folder), "/nowhere/x.jar"]
