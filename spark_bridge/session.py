@@ -35,7 +35,7 @@ JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _OPENE
 _JVMS = ("driver", "executor", "ray.raydp_app_master")  # Spark's driver, executors, RayDP's master
 # JVM options by role (docs/benchmarks.md has the measurements, 1,000,000-row ingests on a
 # 2-core machine). The driver and RayDP's master run no hot loops of rows, yet their
-# second-tier JIT compiler threads took 0.6-0.9 CPU-seconds of each ingest, CPU the executors
+# second-tier JIT compiler threads took 0.65-1.05 CPU-seconds of each ingest, CPU the executors
 # and the brokers wanted: they compile with the first tier only (0.2-0.3; ingests 17% faster).
 # The executors run the rows' loops, so they keep both tiers, and collect with the parallel
 # collector, which does its work in the pauses rather than in threads beside the tasks
@@ -62,12 +62,11 @@ def spark_configs(
 ) -> dict[str, str]:
     """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
     app master (the module openings, and each role's JIT and GC choice: `_ROLE_OPTIONS`), this
-    interpreter for Python workers and their daemon (`spark_bridge.worker_daemon`), how many
-    Ray CPUs an executor holds (less
-    than its cores, so Ray tasks and the brokers' readers still get CPUs beside it), and shuffles
-    cut into a few partitions per core the executors have (Spark's default of 200 makes every
-    join and count of an audit run 200 tasks: the demo's 200-order audit read and reconciles
-    took 91 s with them, about 39 s without)."""
+    interpreter for Python workers and their daemon (`spark_bridge.worker_daemon`), how many Ray
+    CPUs an executor holds (less than its cores, so Ray tasks and the brokers' readers still get
+    CPUs beside it), and shuffles cut into a few partitions per core the executors have (Spark's
+    default of 200 makes every join and count of an audit run 200 tasks: the demo's 200-order
+    audit read and reconciles took 91 s with them, about 39 s without)."""
     conf = {
         "spark.sql.shuffle.partitions": str(2 * cores),
         **{
