@@ -1,4 +1,4 @@
-"""Fresh identifiers, time first.
+"""Fresh identifiers, time first; and the random bytes behind keys, nonces and tokens.
 
 The store indexes conversation handles and group ids (unique text columns), conversation ids,
 and request ids (the requests table's key). A random id lands anywhere in its index, so a group
@@ -11,7 +11,9 @@ at the end of their index instead: a few pages per commit, however large the sto
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 import time
 
 _bits = random.getrandbits
@@ -34,6 +36,49 @@ def new_uuid() -> str:
     )
     h = f"{n:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class RandomBytes:
+    """Bytes from the OS's random source, read a few kilobytes at a time and handed out in
+    order, never twice: an `os.urandom` call per nonce or key is a system call that also lets go
+    of the GIL (a busy broker's other threads then hold it), per sealed bundle, dialog key and
+    received group."""
+
+    CHUNK = 4096  # bytes per read
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._at = 0
+
+    def take(self, n: int) -> bytes:
+        at = self._at
+        if at + n > len(self._buffer):
+            if n > self.CHUNK:
+                return os.urandom(n)
+            self._buffer, at = os.urandom(self.CHUNK), 0
+        self._at = at + n
+        return self._buffer[at : at + n]
+
+
+_local = threading.local()  # a RandomBytes per thread (in-process brokers run on threads)
+
+
+def random_bytes(n: int) -> bytes:
+    """`n` bytes from the OS's random source (as `os.urandom`), for keys, nonces and tokens:
+    this thread's, none handed out twice, none shared with a forked child."""
+    try:
+        source = _local.source
+    except AttributeError:
+        source = _local.source = RandomBytes()
+    return source.take(n)
+
+
+def _forget_after_fork() -> None:
+    global _local  # a fork's child must not repeat its parent's next bytes
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def new_request_id() -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
-import threading
 import uuid
 from typing import Any
+
+from actors.ids import random_bytes
 
 
 class QueueIndex:
@@ -123,46 +123,6 @@ class Lock:
         return f"Lock({self.lock_id!r}, group={self.group}, queue={self.queue!r})"
 
 
-class Tokens:
-    """Unguessable hex tokens (64 random bits each) from the OS's random source, read a few
-    kilobytes at a time: one `os.urandom` call per token (as `secrets.token_hex` makes) cost a
-    system call per received group. A child process made by fork reads its own."""
-
-    SIZE = 8  # bytes per token
-    CHUNK = 512  # tokens per read
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._at = 0
-
-    def next(self) -> str:
-        at = self._at
-        if at >= len(self._buffer):
-            self._buffer, at = os.urandom(self.SIZE * self.CHUNK), 0
-        self._at = at + self.SIZE
-        return self._buffer[at : at + self.SIZE].hex()
-
-
-_local = threading.local()  # a Tokens per thread (in-process brokers run on threads of their own)
-
-
-def tokens() -> Tokens:
-    """This thread's tokens."""
-    try:
-        return _local.tokens
-    except AttributeError:
-        t = _local.tokens = Tokens()
-        return t
-
-
-def _forget_tokens_after_fork() -> None:
-    global _local  # a fork's child must not repeat its parent's tokens
-    _local = threading.local()
-
-
-os.register_at_fork(after_in_child=_forget_tokens_after_fork)
-
-
 class LockTable:
     """Leases on conversation groups. Lock ids are unique across broker restarts and carry 64
     random bits, so a lock can be settled only by whoever was handed its id."""
@@ -192,7 +152,7 @@ class LockTable:
     ) -> Lock:
         assert group not in self.by_group, "group already locked"
         lock = Lock(  # positional: one is made per group received
-            f"{self._prefix}-{next(self._seq)}-{tokens().next()}",
+            f"{self._prefix}-{next(self._seq)}-{random_bytes(8).hex()}",
             group,
             queue,
             owner,

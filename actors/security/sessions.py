@@ -17,7 +17,6 @@ package's. Plain Python."""
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -30,6 +29,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from actors.errors import SecurityError
+from actors.ids import random_bytes
 from actors.packing import packb
 from actors.security.certificates import CertInfo, invalid_at
 
@@ -43,7 +43,7 @@ _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MA
 
 
 def new_session_key() -> bytes:
-    return os.urandom(KEY_BYTES)
+    return random_bytes(KEY_BYTES)
 
 
 class Signer(NamedTuple):
@@ -102,7 +102,7 @@ def offer(
 ) -> bytes:
     """The key offer of a dialog: its `session_key` wrapped with the exchange key (AES-GCM, bound
     to the dialog and its two services), beside the exchange's head."""
-    nonce = os.urandom(NONCE_BYTES)
+    nonce = random_bytes(NONCE_BYTES)
     aad = _dialog_aad(conversation_id, from_service, to_service)
     return packb([OFFER_VERSION, ex.head, nonce + AESGCM(ex.key).encrypt(nonce, session_key, aad)])
 
@@ -236,7 +236,7 @@ class Session:
         bodies: Sequence[bytes],
     ) -> bytes:
         """One direction's messages (consecutive sequence numbers), sealed as one."""
-        nonce = os.urandom(NONCE_BYTES)
+        nonce = random_bytes(NONCE_BYTES)
         aad = self._aad(from_initiator, seqs, types)
         return nonce + self.aead.encrypt(nonce, packb(list(bodies)), aad)
 
@@ -277,7 +277,7 @@ def _key_wrapper(master: bytes) -> ChaCha20Poly1305:
 
 def wrap_key(session_key: bytes, master: bytes, endpoint_no: int) -> bytes:
     """A session key sealed for the store, bound to its endpoint's row."""
-    nonce = os.urandom(12)
+    nonce = random_bytes(NONCE_BYTES)
     return nonce + _key_wrapper(master).encrypt(nonce, session_key, str(endpoint_no).encode())
 
 

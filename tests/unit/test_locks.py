@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import threading
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.core import locks
-from actors.core.locks import Lock, LockTable, QueueIndex, Tokens
+from actors.core.locks import Lock, LockTable, QueueIndex
 from tests.fakes import FakeClock
 
 # --- QueueIndex ------------------------------------------------------------------------------
@@ -342,42 +338,7 @@ def test_next_expiry_is_the_earliest_lease_end_or_none_without_locks():
     assert table.next_expiry() == clock() + 10
 
 
-def test_tokens_are_64_random_bits_in_hex_and_do_not_repeat_across_reads():
-    tokens = Tokens()
-    drawn = [tokens.next() for _ in range(3 * Tokens.CHUNK + 5)]  # several reads of the OS
-    assert all(len(t) == 16 and int(t, 16) >= 0 for t in drawn)
-    assert len(set(drawn)) == len(drawn)
-
-
-def test_a_forked_child_draws_tokens_of_its_own_not_its_parents_next_ones():
-    locks.tokens().next()  # the process's buffer now holds its next tokens
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next token, to the parent
-        os.write(write, locks.tokens().next().encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    child = os.read(read, 64).decode()
-    os.close(read)
-    assert len(child) == 16 and child != locks.tokens().next()
-
-
 def test_the_random_part_of_each_lock_id_is_a_fresh_token():
     table = LockTable()
     ids = [table.acquire(g, "q", None, 0.0, None, g, g, g, 1).lock_id for g in range(600)]
     assert len({i.rsplit("-", 1)[1] for i in ids}) == len(ids)
-
-
-def test_each_thread_draws_from_tokens_of_its_own():
-    seen: dict[str, object] = {}
-
-    def draw(name: str) -> None:
-        seen[name] = locks.tokens()
-
-    threads = [threading.Thread(target=draw, args=(n,)) for n in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert seen["a"] is not seen["b"] and locks.tokens() not in seen.values()
