@@ -58,7 +58,7 @@ class Changes:
     __slots__ = (
         "now", "messages", "arrivals", "removals", "transmission", "touched", "settled",
         "new_endpoints", "new_nos", "dead_endpoints", "new_groups", "events", "audit", "undo",
-        "after", "sent", "passed", "states", "_queued", "_queued_n",
+        "after", "sent", "passed", "states", "keys", "_queued", "_queued_n",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -84,6 +84,9 @@ class Changes:
         # groups' states (state, group no) written after its new groups: a router replica's
         # mapping of a group begun in this unit (`Conversations.route_first`)
         self.states: list[tuple[bytes, int]] | None = None
+        # endpoints whose dialog's session key is stored with this unit (one statement for all
+        # the dialogs a call opens, not one each)
+        self.keys: list[int] = []
         self._queued: set[int] = set()  # groups of the first `_queued_n` arrivals (`queued_groups`)
         self._queued_n = 0
 

@@ -141,8 +141,9 @@ class CorePort(Part):
         return self.state.keyring.offer(ep, now)
 
     def keep_sessions(self, w: Changes, ep_nos: Sequence[int]) -> None:
+        """Store these dialogs' session keys with the unit `w` (written when it is)."""
         keyring = self.state.keyring
-        self.store.put_dialog_keys([(no, keyring.wrapped(no)) for no in ep_nos])
+        w.keys += ep_nos
         w.undo.append(lambda: [keyring.sessions.pop(no, None) for no in ep_nos])
 
     def forget_session(self, ep_no: int) -> None:

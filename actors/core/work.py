@@ -329,6 +329,9 @@ class UnitOfWork:
                 self._drop_groups(w, gone)
         if w.states:
             store.set_group_states(w.states)
+        if w.keys:
+            keyring = st.keyring
+            store.put_dialog_keys([(no, keyring.wrapped(no)) for no in w.keys if no not in dead])
         if w.messages:
             store.insert_messages(w.messages)
         if w.transmission:

@@ -11,6 +11,7 @@ a path against them imports nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 from collections.abc import Sequence
@@ -87,9 +88,12 @@ def resolve_handler(path: str, allowed: Sequence[str]) -> Any:
     return import_code(path)
 
 
+@functools.lru_cache(maxsize=256)
 def import_code(path: str) -> Any:
     """Import a "module:function" path that `check_code_name` has passed where it was defined
-    or launched (a reader runs what its broker checked); InvalidDefinition if it does not."""
+    or launched (a reader runs what its broker checked); InvalidDefinition if it does not.
+    Resolved once per path (a router's classifier is looked up for every new dialog); a path
+    that fails is not remembered, so a module installed later is found."""
     module_name, attr = _split(path)
     try:
         obj: Any = importlib.import_module(module_name)

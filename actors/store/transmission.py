@@ -167,26 +167,24 @@ class TransmissionRows:
         """Rows due, in queue order, up to about `limit` messages, but those of the endpoints
         in `skip` (being sent) and those behind an older row of their endpoint that is still
         backing off (a dialog's messages go in order)."""
-        due = [
-            i
-            for (i,) in self.db.execute(
-                "SELECT id FROM transmission_runs INDEXED BY transmission_runs_due "
-                "WHERE next_attempt <= ? LIMIT ?",
-                (now, DUE_PROBE),
-            )
-        ]
-        if not due:
-            return []
-        skipped = json.dumps(list(skip))
-        if len(due) < DUE_PROBE:  # few: every due row is one of these
-            among, args = "id IN (SELECT value FROM json_each(?3))", (now, skipped, json.dumps(due))
+        probed = self.db.execute(
+            "SELECT id, endpoint_no FROM transmission_runs INDEXED BY transmission_runs_due "
+            "WHERE next_attempt <= ? LIMIT ?",
+            (now, DUE_PROBE),
+        ).fetchall()
+        if len(probed) < DUE_PROBE:  # few: every due row is one of these
+            skip = skip if isinstance(skip, set | frozenset) else set(skip)
+            due = [i for i, ep in probed if ep not in skip]
+            if not due:  # none, or all of dialogs being sent: nothing more to read
+                return []
+            among, args = "id IN (SELECT value FROM json_each(?2))", (now, json.dumps(due))
         else:  # many: found densely in row order
-            among, args = "1", (now, skipped)
+            among = "endpoint_no NOT IN (SELECT value FROM json_each(?2))"
+            args = (now, json.dumps(list(skip)))
         cur = self.db.execute(
             f"SELECT {_COLUMNS} FROM transmission_runs t WHERE {among} AND next_attempt <= ?1 "
-            "AND endpoint_no NOT IN (SELECT value FROM json_each(?2)) AND NOT EXISTS (SELECT 1 "
-            "FROM transmission_runs o WHERE o.endpoint_no = t.endpoint_no AND o.first_seq < "
-            "t.first_seq AND o.next_attempt > ?1) ORDER BY id",
+            "AND NOT EXISTS (SELECT 1 FROM transmission_runs o WHERE o.endpoint_no = "
+            "t.endpoint_no AND o.first_seq < t.first_seq AND o.next_attempt > ?1) ORDER BY id",
             args,
         )
         out: list[Waiting] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import json
 import math
 import sys
@@ -38,7 +39,7 @@ from actors.model.catalog import (
     from_record,
     to_record,
 )
-from actors.model.code_names import check_code_name, handler_path, resolve_handler
+from actors.model.code_names import check_code_name, handler_path, import_code, resolve_handler
 from actors.model.limits import Limits
 from tests.unit import activation_handlers
 
@@ -765,6 +766,21 @@ def test_code_is_named_only_in_modules_the_broker_allows_and_checking_imports_no
     unimported = Activation("tests.never_imported_xyz:f")
     Catalog(["tests"], import_code=False).check_valid(Queue("Q", activation=unimported))
     assert "tests.never_imported_xyz" not in sys.modules
+
+
+def test_code_is_imported_once_per_path_and_a_failure_is_not_remembered(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = "late_classifier_mod:pick"
+    with pytest.raises(InvalidDefinition, match="does not import"):
+        import_code(path)
+    (tmp_path / "late_classifier_mod.py").write_text("def pick(*args):\n    return 'X'\n")
+    importlib.invalidate_caches()
+    try:
+        first = import_code(path)  # installed since: found now
+        assert first(b"", "T", {}) == "X" and import_code(path) is first
+    finally:
+        sys.modules.pop("late_classifier_mod", None)
+        import_code.cache_clear()
 
 
 def test_a_brokers_code_modules_are_module_names():
