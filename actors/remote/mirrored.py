@@ -327,7 +327,6 @@ class MirroredBroker(Broker):
             raise PrincipalMoved(self.name) from None
 
     async def _watched(self, answer: Awaitable[Any]) -> Any:
-        witness = ray.get_actor(witness_name(self.mirrored), namespace=self.namespace)
         answer = asyncio.ensure_future(answer)
         every = WATCH_S
         while True:
@@ -335,8 +334,11 @@ class MirroredBroker(Broker):
                 return await asyncio.wait_for(asyncio.shield(answer), every)
             every = min(every * 2, WATCH_MAX_S)
             try:
+                # looked up only for a call that waits this long: a lookup is a round trip to
+                # Ray's control store, which every call would otherwise pay before its answer
+                witness = ray.get_actor(witness_name(self.mirrored), namespace=self.namespace)
                 moved = self._moved(await asyncio.wait_for(witness.get.remote(), 10))
-            except (TimeoutError, ray.exceptions.RayError):
+            except (TimeoutError, ValueError, ray.exceptions.RayError):
                 moved = False  # the witness cannot say now: keep waiting for the answer
             if moved:  # its answer, if one still comes, is not waited for
                 answer.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -5,6 +5,7 @@ on the session's one-node Ray."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -36,7 +37,7 @@ from actors.remote.mirrored import (
     stop_mirrored_broker,
 )
 from actors.remote.trust import secure_dialogs
-from actors.remote.witness import WitnessActor
+from actors.remote.witness import WitnessActor, witness_name
 from actors.tools.cli import main
 from actors.tools.mirror import summary
 from tests.polling import process_gone, wait_until
@@ -141,6 +142,29 @@ def test_a_write_sent_to_the_mirror_is_refused_naming_the_principal(mirrored):
     direct = Broker(ray.get_actor(mirror, namespace="raybroker"), mirror)
     with pytest.raises(NotPrincipal, match=f"send it to '{name}-a'"):
         direct.create(Queue("Q"))
+
+
+def test_calls_answered_promptly_do_not_look_up_the_witness(mirrored, monkeypatch):
+    """The handle asks the witness where the principal is only for a call that waits (a lookup
+    is a round trip to Ray's control store, which every call paid before its answer)."""
+    name, handle = mirrored(force=True)
+    handle.create(Queue("Q"))
+    handle.create(Service("S", "Q"))
+    looked_up: list[str] = []
+    real = ray.get_actor
+
+    def counted(actor_name: str, *args, **kwargs):
+        looked_up.append(actor_name)
+        return real(actor_name, *args, **kwargs)
+
+    monkeypatch.setattr(ray, "get_actor", counted)
+
+    async def calls() -> None:
+        for _ in range(20):
+            await handle.aio.receive("Q", max_groups=1, wait=0.0)
+
+    asyncio.run(calls())
+    assert [n for n in looked_up if n == witness_name(name)] == []
 
 
 def test_a_mirror_whose_store_holds_another_broker_is_refused(mirrored, make_broker, tmp_path):
