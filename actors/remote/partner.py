@@ -79,6 +79,7 @@ class PartnerActor:
         # last rebuilt this mirror; only its log applies here (None: rebuild first)
         self.became: float | None = None  # when this partner last became principal
         self.refused = 0  # verbs and deliveries refused while not principal
+        self._pinged: tuple[str, Any] | None = None  # (principal, its actor): the mirror's pings
         self.witness = ray.get_actor(witness_name(broker), namespace=namespace)
         self.ready = asyncio.Event()
         self.boot_error: BaseException | None = None
@@ -203,13 +204,22 @@ class PartnerActor:
         this partner's own loop was the one too busy to listen (see `FailureDetector`)."""
         sent = time.monotonic()
         try:
-            handle = ray.get_actor(self.principal, namespace=self.namespace)
+            handle = self._principal_handle()
             claim = await asyncio.wait_for(handle.role.remote(), PING_S)
         except TimeoutError:
             return None if time.monotonic() - sent > PING_S + PING_LATE_S else False
         except (ValueError, ray.exceptions.RayError):
+            self._pinged = None  # looked up again next time: it may be another actor now
             return False
         return claim.get("role") == "principal" or claim.get("epoch", 0) > self.epoch
+
+    def _principal_handle(self) -> Any:
+        """The principal's actor, looked up once per principal (and again after a failed ping):
+        a lookup is a synchronous round trip to Ray's control store, which ten pings a second
+        made on this mirror's event loop, between the ships it answers."""
+        if self._pinged is None or self._pinged[0] != self.principal:
+            self._pinged = (self.principal, ray.get_actor(self.principal, namespace=self.namespace))
+        return self._pinged[1]
 
     async def _promote(self, manual: bool, reason: str) -> dict[str, Any]:
         if self.mirror is not None and self.mirror.failed:
