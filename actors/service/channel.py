@@ -200,10 +200,10 @@ class _Served(Framed):
             self.server.release(self.source)
             self.source = None
 
-    def frame(self, data: bytes) -> None:
+    def frame(self, data: memoryview) -> None:
         server = self.server
         if self.holder is None:
-            holder = server.take_ticket(data.decode("ascii", "replace"))
+            holder = server.take_ticket(bytes(data).decode("ascii", "replace"))
             if holder is None:  # not a client Ray let in (or its ticket is spent or stale)
                 assert self.transport is not None
                 self.transport.abort()
@@ -269,8 +269,8 @@ class _Served(Framed):
             status, value = ERROR, exc
         try:
             data = frame((call_id, status, dumps(value)))
-            if status == ERROR:
-                pickle.loads(data[4:])  # an error that will not unpickle cannot be raised there
+            if status == ERROR:  # an error that will not unpickle cannot be raised there
+                pickle.loads(b"".join(data[1:]))
         except Exception as exc:  # an answer that cannot travel: say so rather than hang
             error = RuntimeError(f"the broker's answer to {method} cannot be sent: {exc!r}"[:2000])
             data = frame((call_id, ERROR, dumps(error)))

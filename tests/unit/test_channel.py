@@ -258,8 +258,8 @@ class Collected(frames.Framed):
         self.transport = OpenTransport()
         self.frames: list[bytes] = []
 
-    def frame(self, data: bytes) -> None:
-        self.frames.append(data)
+    def frame(self, data: memoryview) -> None:
+        self.frames.append(bytes(data))  # the view is the connection's buffer: copied to keep
 
 
 def _feed(framed: frames.Framed, stream: bytes, cuts: list[int]) -> None:
@@ -291,6 +291,19 @@ def test_frames_come_out_whole_and_in_order_however_the_stream_is_cut(bodies, cu
     assert framed.frames == bodies
     assert framed._start == framed._end == 0  # nothing left over, and a large frame's room
     assert len(framed._buf) <= frames.KEEP_BYTES  # is not kept once it is read
+
+
+def test_a_frame_is_its_length_and_pickle_in_pieces_with_a_large_payload_not_copied():
+    blob = bytes(range(256)) * 1024  # 256 KiB: a call's own pickle, as a large call carries it
+    obj = (7, ("c", 1, 0), "apply", blob)
+    pieces = frames.frame(obj)
+    data = b"".join(pieces[1:])
+    assert pieces[0] == struct.pack("<I", len(data)) and pickle.loads(data) == obj
+    assert any(p is blob for p in pieces)  # handed on as it is
+    stream = b"".join(pieces) + b"".join(frames.frame((8, None, "view", b"small")))
+    framed = Collected()
+    _feed(framed, stream, [1000, 70_000])
+    assert [pickle.loads(f) for f in framed.frames] == [obj, (8, None, "view", b"small")]
 
 
 def test_large_and_many_small_calls_travel_on_one_connection():
@@ -678,3 +691,28 @@ async def _closed(reader: asyncio.StreamReader) -> bytes:
         return await asyncio.wait_for(reader.read(), 5)
     except ConnectionResetError:
         return b""
+
+
+def test_a_large_frame_is_read_in_place_and_still_refuses_what_may_not_travel():
+    pad = bytes(range(256)) * 512  # past IN_PLACE_BYTES: read where it is in the buffer
+    plain = (5, ("c", 2, 0), "apply", pad)
+    view = memoryview(bytearray(pickle.dumps(plain, protocol=5)))
+    assert len(view) >= frames.IN_PLACE_BYTES and frames.loads(view) == plain
+    hostile = memoryview(bytearray(pickle.dumps((pad, os.system), protocol=5)))
+    with pytest.raises(pickle.UnpicklingError, match="may not travel on a direct channel"):
+        frames.loads(hostile)
+
+
+def test_a_frame_is_handed_over_as_a_view_that_ends_with_the_call():
+    kept: list[memoryview] = []
+
+    class Keeping(Collected):
+        def frame(self, data: memoryview) -> None:
+            kept.append(data)
+            super().frame(data)
+
+    framed = Keeping()
+    _feed(framed, struct.pack("<I", 3) + b"abc", [100])
+    assert framed.frames == [b"abc"]
+    with pytest.raises(ValueError):  # released: nothing reads the buffer once it is reused
+        bytes(kept[0])

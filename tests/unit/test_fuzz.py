@@ -394,6 +394,9 @@ class _Wire:
     def write(self, data: bytes) -> None:
         self.sent.append(data)
 
+    def writelines(self, pieces: list[bytes]) -> None:  # a frame, written in pieces
+        self.sent.append(b"".join(pieces))
+
     def is_closing(self) -> bool:
         return self.closed
 

@@ -233,7 +233,7 @@ def test_a_receive_whose_answer_was_lost_on_the_wire_gets_it_again(broker):
         order = ("client-1", 0, 0)
         args = ("T", 0.0, OPTIONS, OWNER, None, None)
         call = (1, order, "receive", pickle.dumps(args))
-        writer.write(frames.LENGTH.pack(len(ticket)) + ticket.encode() + frames.frame(call))
+        writer.writelines([frames.LENGTH.pack(len(ticket)), ticket.encode(), *frames.frame(call)])
         head = await asyncio.wait_for(reader.readexactly(4), 5)  # the answer is on the wire
         await reader.readexactly(int.from_bytes(head, "little"))
         writer.close()  # ... and never reaches the caller
