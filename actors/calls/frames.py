@@ -74,6 +74,11 @@ def dumps(obj: Any, pickler: type[pickle.Pickler] = pickle.Pickler) -> bytes:
     return buf.getvalue()
 
 
+# A frame whose payload (or whole, when read) is this large is written in pieces and read in
+# place; a smaller one is pickled whole and copied once: cheaper for it (0.6 against 1.9 us).
+IN_PLACE_BYTES = 64 << 10
+
+
 class _Parts:
     """A pickler's file that keeps what it is given, in order: bytes of 64 KiB or more (a call's
     own pickle inside its frame, say) are handed to it as they are, not copied."""
@@ -90,6 +95,12 @@ def frame(obj: Any) -> list[bytes]:
     its own inside it, so one that cannot be read fails alone. Made in pieces, a large frame is
     neither copied into one buffer nor joined to its length: a 400 KB frame took 255 us that
     way (the copies, and a fresh buffer's page faults), 2 us this way."""
+    payload = obj[-1] if type(obj) is tuple and obj else None  # (..., a pickle or a value)
+    if type(payload) is not bytes or len(payload) < IN_PLACE_BYTES:  # small: one pickle
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > MAX_FRAME:
+            raise pickle.PicklingError(f"a frame of {len(data)} bytes is over {MAX_FRAME}")
+        return [LENGTH.pack(len(data)), data]
     parts: list[bytes] = []
     pickle.Pickler(_Parts(parts), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     parts = [p if type(p) is bytes else bytes(p) for p in parts]  # none changes once handed on
@@ -269,9 +280,6 @@ def loads(data: bytes | memoryview, holder_handle: list[Any] | None = None) -> A
         return _WireUnpickler(_InPlace(data) if large else io.BytesIO(data)).load()
     finally:
         _holder_here = None
-
-
-IN_PLACE_BYTES = 64 << 10  # a frame this large is read in place (a smaller one is copied: cheaper)
 
 
 class _InPlace:
