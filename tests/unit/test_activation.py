@@ -773,11 +773,16 @@ def test_code_is_imported_once_per_path_and_a_failure_is_not_remembered(tmp_path
     path = "late_classifier_mod:pick"
     with pytest.raises(InvalidDefinition, match="does not import"):
         import_code(path)
-    (tmp_path / "late_classifier_mod.py").write_text("def pick(*args):\n    return 'X'\n")
+    module = tmp_path / "late_classifier_mod.py"
+    module.write_text("def pick(*args):\n    return 'X'\n")
     importlib.invalidate_caches()
     try:
         first = import_code(path)  # installed since: found now
-        assert first(b"", "T", {}) == "X" and import_code(path) is first
+        assert first(b"", "T", {}) == "X"
+        module.unlink()  # gone, and unloaded: only a path resolved once still answers
+        sys.modules.pop("late_classifier_mod", None)
+        importlib.invalidate_caches()
+        assert import_code(path) is first
     finally:
         sys.modules.pop("late_classifier_mod", None)
         import_code.cache_clear()
