@@ -33,6 +33,7 @@ FIELDS = {
     "durability",
     "runs",
     "vs",
+    "server_cpu_s_per_1k",
 }
 SERVER_OF = {
     "redis-streams": "redis-server",
@@ -60,6 +61,7 @@ def harness_servers() -> set[int]:
 def assert_skipped(row: dict) -> None:
     assert row["messages_per_s"] == 0.0
     assert row["p50_ms"] is row["p99_ms"] is row["cpu_s_per_1k"] is None
+    assert row["server_cpu_s_per_1k"] is None
     assert row["lost"] is row["doubled"] is row["out_of_order"] is None
     assert row["notes"].startswith("skipped: ") and "install: apt-get install " in row["notes"]
 
@@ -96,6 +98,11 @@ def test_every_system_runs_every_workload_once_in_order(tmp_path):
         assert row["messages_per_s"] > 0 and row["runs"] == [row["messages_per_s"]], where
         assert 0 <= row["p50_ms"] <= row["p99_ms"], where
         assert row["cpu_s_per_1k"] >= 0, where  # whole clock ticks: a short row may read 0
+        # the server's own part of it; raw SQLite has no server process (it runs in its clients)
+        if system == "raw-sqlite":
+            assert row["server_cpu_s_per_1k"] is None, where
+        else:
+            assert 0 <= row["server_cpu_s_per_1k"] <= row["cpu_s_per_1k"], where
         assert (row["lost"], row["doubled"], row["out_of_order"]) == (0, 0, 0), where
     assert "not durable" in rows[("ray-queue", "none", "bulk-spread")]["notes"]
     # each system as its server and client report themselves

@@ -115,3 +115,20 @@ def test_a_run_whose_driver_is_busy_is_flagged_in_its_rows():
 def test_repeats_must_be_a_whole_number_of_one_or_more(bad):
     with pytest.raises(InvalidArgument, match="--repeats"):
         repeated(lambda load, progress: Report("x", {}), Load(), bad, print)
+
+
+def test_the_table_shows_the_servers_own_cpu_only_when_a_row_measured_it():
+    plain = Report("x", {}, [Row("s", "v", 1.0, cpu_s_per_1k=0.004)]).table()
+    assert "server s/1k" not in plain
+    peers = Report(
+        "peers",
+        {},
+        [
+            Row("raybroker", "v", 1.0, cpu_s_per_1k=0.0065, server_cpu_s_per_1k=0.0031),
+            Row("raw-sqlite", "v", 1.0, cpu_s_per_1k=0.005),  # no server process of its own
+        ],
+    ).table()
+    head, _, broker, raw = peers.splitlines()[1:]
+    assert head.split()[7:10] == ["cpu", "s/1k", "server"]
+    assert broker.split()[5:7] == ["0.0065", "0.0031"]
+    assert raw.split()[5:7] == ["0.0050", "-"]

@@ -30,6 +30,10 @@ class Row:
     # ratios go first in its notes, computed from the figures the report ends with (a report of
     # several runs: the medians, so ratio and figures agree), by `with_ratios`
     vs: list[list[str]] | None = None
+    # `bench peers`: the system's own processes' part of `cpu_s_per_1k` (the broker actor's,
+    # the server's), without the harness's clients; None where the system has no process of
+    # its own (raw SQLite runs in its clients) or in other scenarios
+    server_cpu_s_per_1k: float | None = None
 
 
 Progress = Callable[[str], None]
@@ -72,20 +76,21 @@ class Report:
             json.dump(self.as_dict(), f, indent=2)
 
     def table(self) -> str:
-        head = ("system", "variant", "msg/s", "p50 ms", "p99 ms", "cpu s/1k", "notes")
+        server = any(r.server_cpu_s_per_1k is not None for r in self.rows)  # bench peers
+        head = ("system", "variant", "msg/s", "p50 ms", "p99 ms", "cpu s/1k")
+        head += ("server s/1k", "notes") if server else ("notes",)
         lines = [head]
         for r in self.rows:
-            lines.append(
-                (
-                    r.system,
-                    r.variant,
-                    f"{r.messages_per_s:,.0f}",
-                    _num(r.p50_ms),
-                    _num(r.p99_ms),
-                    _num(r.cpu_s_per_1k, 4),
-                    r.notes,
-                )
+            line = (
+                r.system,
+                r.variant,
+                f"{r.messages_per_s:,.0f}",
+                _num(r.p50_ms),
+                _num(r.p99_ms),
+                _num(r.cpu_s_per_1k, 4),
             )
+            line += (_num(r.server_cpu_s_per_1k, 4), r.notes) if server else (r.notes,)
+            lines.append(line)
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
         out = [
             f"scenario {self.scenario}: " + ", ".join(f"{k}={v}" for k, v in self.params.items())

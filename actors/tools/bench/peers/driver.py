@@ -61,6 +61,7 @@ class Measurement:
     latencies_ms: list[float]
     elapsed_s: float  # first send to last acknowledgement
     cpu_s: float  # the harness processes' and the servers'
+    server_cpu_s: float  # the servers' alone (no server process: 0)
     stalled: bool
     busy: list[str] = field(default_factory=list)  # harness processes above BUSY of a core
 
@@ -190,6 +191,7 @@ def _drive(w: Workload, system: System, params: dict[str, Any], pool: Pool) -> M
         latencies_ms=[x for m in logs for x in m["latencies_ms"]],
         elapsed_s=elapsed,
         cpu_s=server_cpu + sum(m["cpu_s"] for m in [*produced, *logs]),
+        server_cpu_s=server_cpu,
         stalled=stalled,
         busy=busy,
     )

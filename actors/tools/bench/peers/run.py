@@ -325,6 +325,7 @@ def _row(system: Any, w: Workload, m: Measurement) -> Row:
         verdict.doubled,
         verdict.out_of_order,
         durability=system.durability,
+        server_cpu_s_per_1k=m.server_cpu_s / (w.messages / 1000) if system.pids() else None,
     )
 
 
