@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from actors.packing import first_or_all, one_or_all, packb
+from actors.packing import one_or_all, packb
 
 FIELDS = (
     "message_id",  # "<conversation id>/<i|t>/<sequence>": the same on every broker it crosses
@@ -67,39 +67,29 @@ def encode_group(
 ) -> list[Any]:
     """One committed group, as columns. `runs` are received runs (`actors.runs.Run`: first
     queuing order, endpoint no, first seq, message type, bodies, sent_at, arrived_at); bodies
-    are not kept. A column whose messages all share a value is that value, the sequence
-    numbers the first when they count up by one, and the count of messages ends the record
-    (see `_expanded`). A group of one run is encoded without a list per message."""
+    are not kept. A group of one run is a value per column, its sequence numbers the first, and
+    the count of its messages ends the record; a group of several runs is a value per run in
+    each column (or one value, when every run has it), the first sequence number of each run,
+    and the runs' lengths end the record: no Python step per message either way (see
+    `_expanded`)."""
     if len(runs) == 1:
         _, ep, seq, mt, bodies, sent, arrived = runs[0]
         n = len(bodies)
         seqs = seq if seq >= 0 or n == 1 else [-1] * n
         return [broker_id, queue, received_at, committed_at, dict(senders), ep, seqs, mt, sent,
                 arrived, n]  # fmt: skip
-    ep_nos: list[int] = []
-    seq_list: list[int] = []
-    types: list[str] = []
-    sent_at: list[float] = []
-    arrived_at: list[float] = []
-    for _, ep, seq, mt, bodies, sent, arrived in runs:
-        k = len(bodies)
-        ep_nos += [ep] * k
-        seq_list += range(seq, seq + k) if seq >= 0 else [-1] * k
-        types += [mt] * k
-        sent_at += [sent] * k
-        arrived_at += [arrived] * k
     return [
         broker_id,
         queue,
         received_at,
         committed_at,
         dict(senders),
-        one_or_all(ep_nos),
-        first_or_all(seq_list),
-        one_or_all(types),
-        one_or_all(sent_at),
-        one_or_all(arrived_at),
-        len(seq_list),
+        one_or_all([r[1] for r in runs]),
+        [r[2] for r in runs],  # each run's first (-1: the broker's own, each of them -1)
+        one_or_all([r[3] for r in runs]),
+        one_or_all([r[5] for r in runs]),
+        one_or_all([r[6] for r in runs]),
+        [len(r[4]) for r in runs],
     ]
 
 
@@ -158,12 +148,24 @@ def records(payload: bytes) -> list[dict[str, Any]]:
 
 
 def _expanded(group: list[Any]) -> list[Any]:
-    """A stored group with a list per column: since the count ends a record, a column may be
-    one value for all its messages (the sequence numbers: the first of a run); records written
-    before hold lists only, and no count."""
+    """A stored group with a list per column. Its last entry says the form: a list, the lengths
+    of its runs (a column is a value per run or one for all, the sequence numbers each run's
+    first); a number, the count of its messages (a column is a value per message or one for
+    all, the sequence numbers the first of a run); none, a record written before either (a list
+    per column)."""
     if len(group) == 10:
         return group
     *head, ep_nos, seqs, types, sent, arrived, n = group
+    if isinstance(n, list):  # by the run
+        out: list[int] = []
+        for first, k in zip(seqs, n, strict=True):
+            out += range(first, first + k) if first >= 0 else [-1] * k
+        return [
+            *head,
+            _per_message(ep_nos, n),
+            out,
+            *(_per_message(c, n) for c in (types, sent, arrived)),
+        ]
     return [
         *head,
         ep_nos if isinstance(ep_nos, list) else [ep_nos] * n,
@@ -172,6 +174,16 @@ def _expanded(group: list[Any]) -> list[Any]:
         sent if isinstance(sent, list) else [sent] * n,
         arrived if isinstance(arrived, list) else [arrived] * n,
     ]
+
+
+def _per_message(column: Any, lengths: list[int]) -> list[Any]:
+    """A column of a record by the run (a value per run, or one for all) as a value per message."""
+    if not isinstance(column, list):
+        return [column] * sum(lengths)
+    out: list[Any] = []
+    for value, k in zip(column, lengths, strict=True):
+        out += [value] * k
+    return out
 
 
 def columns(recs: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:

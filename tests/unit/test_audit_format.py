@@ -108,3 +108,38 @@ def test_a_record_written_before_the_count_reads_as_it_did():
         ("conv-1/i/0", 10.0),
         ("conv-1/i/1", 10.0),
     ]
+
+
+def test_a_group_of_several_runs_is_stored_a_value_per_run_not_per_message():
+    runs = [
+        (100, 1, 0, "Order", [b"a"] * 10, 1.5, 3.0),
+        (110, 2, 4, "Order", [b"b"] * 10, 1.5, 3.0),
+        (120, 1, 10, "Order", [b"c"] * 10, 2.5, 4.0),  # a later send: other times
+    ]
+    group = encode_group(BROKER, "Q", 10.0, 11.0, SENDERS, runs)
+
+    [stored] = msgpack.unpackb(pack([group]), raw=False, strict_map_key=False)
+    got = records(pack([group]))
+
+    # columns the runs share are one value, the others one per run; the runs' lengths end it
+    assert stored[5:] == [[1, 2, 1], [0, 4, 10], "Order", [1.5, 1.5, 2.5], [3.0, 3.0, 4.0],
+                          [10, 10, 10]]  # fmt: skip
+    assert [(int(r["conversation_id"][5:]), r["sequence_number"], r["sent_at"]) for r in got] == (
+        [(1, s, 1.5) for s in range(10)]
+        + [(2, s, 1.5) for s in range(4, 14)]
+        + [(1, s, 2.5) for s in range(10, 20)]
+    )
+
+
+def test_a_group_of_several_runs_written_a_value_per_message_reads_as_it_did():
+    # the previous release's form: a list per message where the messages differ, then the count
+    old = [[BROKER, "Q", 10.0, 11.0, {1: list(SENDERS[1]), 2: list(SENDERS[2])}, [1, 2, 2],
+            [5, -1, -1], "Order", 1.5, [3.0, 4.0, 4.0], 3]]  # fmt: skip
+
+    got = records(msgpack.packb(old, use_bin_type=True))
+
+    assert [(r["message_id"], r["arrived_at"]) for r in got] == [
+        ("conv-1/i/5", 3.0),
+        ("conv-2/i/-1", 4.0),
+        ("conv-2/i/-1", 4.0),
+    ]
