@@ -142,8 +142,7 @@ class Send:
         ):
             for handle in handles:  # find the bad one, to name it
                 _handle("conversation handle", handle)
-        object.__setattr__(self, "handles", handles)
-        object.__setattr__(self, "message_type", _name("message type", message_type))
+        message_type = _name("message type", message_type)
         if isinstance(bodies, bytes | bytearray):
             bodies = (bodies,)
         elif type(bodies) is not list and (
@@ -155,10 +154,13 @@ class Send:
         # every body bytes? One C-level pass (a generator costs a Python step per body)
         if (len(bodies) != 1 or type(bodies[0]) is not bytes) and set(map(type, bodies)) != {bytes}:
             bodies = tuple(map(_as_bytes, bodies))
-        object.__setattr__(self, "bodies", tuple(bodies))
         if at is not None:
             checks.whole("send at (a sequence number)", at, least=0)
-        object.__setattr__(self, "at", at)
+        # frozen: the fields are set once, in one step (four `object.__setattr__` calls cost
+        # more than the checks of a send of one handle)
+        self.__dict__.update(
+            handles=handles, message_type=message_type, bodies=tuple(bodies), at=at
+        )
 
 
 def _as_bytes(body: object) -> bytes:

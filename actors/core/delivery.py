@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 
-from actors.core.changes import Arrived, Changes, Removed
+from actors.core.changes import Arrived, Changes, Removed, made
 from actors.core.readcache import ROW_OVERHEAD
 from actors.core.work import Part
 from actors.errors import ContractViolation
@@ -352,7 +352,7 @@ class Delivery(Part):
         w.messages.append((first_id, g, ep.no, first_seq, mt, bodies, 0, sent, now))
         nbytes = sum(map(len, bodies)) + ROW_OVERHEAD * n
         queue = self.state.groups[g].queue
-        w.arrivals.append(Arrived(queue, g, first_id, n, at, nbytes))
+        w.arrivals.append(made(Arrived, (queue, g, first_id, n, at, nbytes)))
 
     def enqueue_own(self, w: Changes, ep: Endpoint, mt: str, body: bytes) -> None:
         """A message the broker itself puts on this endpoint's queue (a timer, say)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from actors.calls.envelope import Op, ReceivedGroup
 from actors.calls.ordering import RequestId
-from actors.core.changes import Arrived, Changes, Removed
+from actors.core.changes import Arrived, Changes, Removed, made
 from actors.core.conversations import Conversations
 from actors.core.locks import Lock, Turn
 from actors.core.work import Part, UnitOfWork
@@ -201,7 +201,7 @@ class Receiving(Part):
                     if retain is None:
                         retain = retention[lk.queue] = st.catalog.queue(lk.queue).retention
                     received.setdefault(retain, []).append((lk.group, lk.last_id))
-                    w.removals.append(Removed(lk.queue, lk.group, lk.count, True))
+                    w.removals.append(made(Removed, (lk.queue, lk.group, lk.count, True)))
                     w.audit.append(self._audit_group(lk, w.now))
             for retain, ranges in received.items():
                 self.store.remove_received(ranges, retain)
