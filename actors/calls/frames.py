@@ -304,11 +304,13 @@ class _InPlace:
         return n
 
     def readline(self) -> bytes:
-        at = self._at
+        at = end = self._at
         view = self._view
-        end = at
-        while end < len(view) and view[end] != 10:
-            end += 1
-        end = min(len(view), end + 1)
+        while end < len(view):  # the newline looked for a few KiB at a time, not byte by byte
+            chunk = view[end : end + 4096].tobytes()
+            found = chunk.find(b"\n")
+            end += len(chunk) if found < 0 else found + 1
+            if found >= 0:
+                break
         self._at = end
         return view[at:end].tobytes()

@@ -160,12 +160,8 @@ def _expanded(group: list[Any]) -> list[Any]:
         out: list[int] = []
         for first, k in zip(seqs, n, strict=True):
             out += range(first, first + k) if first >= 0 else [-1] * k
-        return [
-            *head,
-            _per_message(ep_nos, n),
-            out,
-            *(_per_message(c, n) for c in (types, sent, arrived)),
-        ]
+        return [*head, _per_message(ep_nos, n), out, _per_message(types, n),
+                _per_message(sent, n), _per_message(arrived, n)]  # fmt: skip
     return [
         *head,
         ep_nos if isinstance(ep_nos, list) else [ep_nos] * n,

@@ -703,6 +703,15 @@ def test_a_large_frame_is_read_in_place_and_still_refuses_what_may_not_travel():
         frames.loads(hostile)
 
 
+def test_a_large_frame_of_text_opcodes_reads_its_lines_in_place():
+    # protocol 0 reads a string as a line: here longer than one look for its newline, and
+    # followed by others
+    text = "".join(chr(32 + i % 90) for i in range(70_000))
+    plain = (5, [text, "second line", text[:10]])
+    view = memoryview(bytearray(pickle.dumps(plain, protocol=0)))
+    assert len(view) >= frames.IN_PLACE_BYTES and frames.loads(view) == plain
+
+
 def test_a_frame_is_handed_over_as_a_view_that_ends_with_the_call():
     kept: list[memoryview] = []
 
