@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -273,7 +274,7 @@ class PartnerActor:
         assert self.mirror is not None
         return await self.role() | {
             "name": self.partner, "broker_id": self.mirror.store.broker_id, "path": self.path,
-            "durability": self.durability, "limits": self.limits,
+            "durability": self.durability, "limits": self.limits, "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
         }  # fmt: skip
 

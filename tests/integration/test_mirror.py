@@ -12,6 +12,7 @@ import re
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 
@@ -143,6 +144,18 @@ def test_a_write_sent_to_the_mirror_is_refused_naming_the_principal(mirrored):
     direct = Broker(ray.get_actor(mirror, namespace="raybroker"), mirror)
     with pytest.raises(NotPrincipal, match=f"send it to '{name}-a'"):
         direct.create(Queue("Q"))
+
+
+def test_each_partners_info_names_the_process_it_runs_in(mirrored):
+    # `bench mirror` reads both partners' CPU by these
+    name, handle = mirrored(force=True)
+    roles = mirror_status(name)
+    pids = {
+        role: ray.get(ray.get_actor(roles[role], namespace="raybroker").info.remote())["pid"]
+        for role in ("principal", "mirror")
+    }
+    assert pids["principal"] == handle.info()["pid"]
+    assert pids["mirror"] != pids["principal"] and psutil.pid_exists(pids["mirror"])
 
 
 def test_calls_answered_promptly_do_not_look_up_the_witness(mirrored, monkeypatch):
@@ -313,6 +326,15 @@ def test_bench_mirror_writes_the_report_with_the_ratio_and_the_failover_time(tmp
         # three measured runs, the row their median (--quick: no warm-up)
         assert len(row["runs"]) == 3 and row["messages_per_s"] == sorted(row["runs"])[1], row
         assert "median of 3 runs" in row["notes"], row
+        # the CPU of the run's processes, the broker's own (both partners') apart (a run this
+        # short can take less than the clock's tick of 10 ms of a process's CPU)
+        assert 0 <= row["server_cpu_s_per_1k"] <= row["cpu_s_per_1k"], row
+    unmirrored, mirrored = report["rows"][:2]
+    assert re.search(r"CPU a message: broker [\d.]+ µs, driver [\d.]+ µs", unmirrored["notes"])
+    assert re.search(
+        r"CPU a message: principal [\d.]+ µs, mirror [\d.]+ µs, driver [\d.]+ µs",
+        mirrored["notes"],
+    )
     assert report["params"]["repeats"] == 3 and "warm-up" not in run.stdout
     assert "mirrored: run 3 of 3" in run.stdout
     assert report["params"]["ratio"] > 0 and 0 < report["params"]["failover_s"] < 30

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import asdict, replace
 from typing import Any
 
+import psutil
 import ray
 from ray.cluster_utils import Cluster
 
@@ -120,6 +121,9 @@ def _measure(
             progress(f"{label}: {what}, {n.messages:,} messages, sent and received+committed")
             r = _stream(broker, n)
             if i:
+                cpu = r["cpu_s"]  # by process: this driver's and the broker's
+                brokers_s = sum(v for k, v in cpu.items() if k != "driver")
+                shares = ", ".join(f"{k} {v / n.messages * 1e6:.2f} µs" for k, v in cpu.items())
                 runs[label].append(
                     Row(
                         "raybroker",
@@ -127,9 +131,12 @@ def _measure(
                         r["rate"],
                         r["p50"],
                         r["p99"],
+                        cpu_s_per_1k=sum(cpu.values()) / (n.messages / 1000),
+                        notes=f"CPU a message: {shares}",
                         lost=r["lost"],
                         doubled=r["doubled"],
                         out_of_order=r["out_of_order"],
+                        server_cpu_s_per_1k=brokers_s / (n.messages / 1000),
                     )  # fmt: skip
                 )
     rows = {label: median_row(runs[label]) for label in brokers}
@@ -178,9 +185,12 @@ def _stream(b: Broker, load: Load) -> dict[str, Any]:
             receive_all(b, load.messages, max_groups=16, readers=1),
         )
 
+    procs = _processes(b)
+    before = {k: _cpu_s(p) for k, p in procs.items()}
     t0 = time.perf_counter()
     asyncio.run(both())
     rate = load.messages / (time.perf_counter() - t0)
+    cpu_s = {k: _cpu_s(p) - before[k] for k, p in procs.items()}
     records, _ = read_all(b.audit, after)
     lat = sorted((r["committed_at"] - r["sent_at"]) * 1000 for r in records)
     keys = Counter((r["conversation_id"], r["sequence_number"]) for r in records)
@@ -197,7 +207,27 @@ def _stream(b: Broker, load: Load) -> dict[str, Any]:
         "lost": load.messages - len(keys),
         "doubled": sum(c - 1 for c in keys.values()),
         "out_of_order": disorder,
+        "cpu_s": cpu_s,
     }
+
+
+def _processes(b: Broker) -> dict[str, psutil.Process]:
+    """The processes whose CPU a stream costs: the broker's (a mirrored broker's principal and
+    mirror, wherever a failover has put them) and this driver's."""
+    if isinstance(b, MirroredBroker):
+        roles = roles_of(b.mirrored, b.namespace)
+        pids = {
+            role: ray.get(ray.get_actor(roles[role], namespace=b.namespace).info.remote())["pid"]
+            for role in ("principal", "mirror")
+        }
+    else:
+        pids = {"broker": b.info()["pid"]}
+    return {k: psutil.Process(pid) for k, pid in {**pids, "driver": os.getpid()}.items()}
+
+
+def _cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
 
 
 def _node_of(zones: list[Any], principal: dict[str, Any]) -> Any:

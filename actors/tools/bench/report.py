@@ -30,9 +30,10 @@ class Row:
     # ratios go first in its notes, computed from the figures the report ends with (a report of
     # several runs: the medians, so ratio and figures agree), by `with_ratios`
     vs: list[list[str]] | None = None
-    # `bench peers`: the system's own processes' part of `cpu_s_per_1k` (the broker actor's,
-    # the server's), without the harness's clients; None where the system has no process of
-    # its own (raw SQLite runs in its clients) or in other scenarios
+    # `bench peers` and `bench mirror`: the system's own processes' part of `cpu_s_per_1k` (the
+    # broker actor's, both mirror partners', the server's), without the harness's clients; None
+    # where the system has no process of its own (raw SQLite runs in its clients) or in other
+    # scenarios
     server_cpu_s_per_1k: float | None = None
 
 
@@ -76,7 +77,7 @@ class Report:
             json.dump(self.as_dict(), f, indent=2)
 
     def table(self) -> str:
-        server = any(r.server_cpu_s_per_1k is not None for r in self.rows)  # bench peers
+        server = any(r.server_cpu_s_per_1k is not None for r in self.rows)  # peers, mirror
         head = ("system", "variant", "msg/s", "p50 ms", "p99 ms", "cpu s/1k")
         head += ("server s/1k", "notes") if server else ("notes",)
         lines = [head]
