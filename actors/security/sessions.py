@@ -323,6 +323,10 @@ def call_key(sender: str, signer: Signer, now: float) -> CallKey:
     return CallKey(key, packb([signer.fingerprint, public, now, signature]), now)
 
 
+# how a signed call begins, as `sign_call` packs it: a list of 7 fields, the first CALL
+_SIGNED_HEAD = b"\x97" + packb(CALL)
+
+
 def sign_call(blob: bytes, sender: str, to: str, ck: CallKey) -> bytes:
     """A call's bundles as broker `sender` sends them to broker `to`: signed with its call key."""
     fields = [CALL, CALL_VERSION, sender, to, ck.head]
@@ -330,6 +334,11 @@ def sign_call(blob: bytes, sender: str, to: str, ck: CallKey) -> bytes:
 
 
 def _call_fields(blob: bytes) -> list | None:
+    # a plain call (a list of bundles) is told apart by its first bytes: unpacked here, every
+    # body in it would be decoded only to be thrown away (and again by the bundles' reading);
+    # what is not bytes at all, the bundles' reading refuses
+    if not isinstance(blob, bytes | bytearray) or blob[: len(_SIGNED_HEAD)] != _SIGNED_HEAD:
+        return None
     try:
         fields = msgpack.unpackb(blob, raw=False)
     except Exception:  # not msgpack at all: the bundles' own reading says so

@@ -19,6 +19,7 @@ from actors.security.sessions import (
     Session,
     Signer,
     accept,
+    call_bundles,
     call_key,
     exchange,
     new_session_key,
@@ -305,6 +306,25 @@ def test_calls_signed_with_a_call_key_open_with_their_senders_identity_checked_o
     forged = call_key("broker-a", Signer(initiator[2].fingerprint, stranger[1]), NOW)
     with pytest.raises(SecurityError, match="signature does not verify"):
         open_(sign_call(b"x", "broker-a", "B", forged))
+
+
+def test_a_plain_call_is_told_from_a_signed_one_without_unpacking_its_bundles(
+    initiator, monkeypatch
+):
+    from actors.packing import packb
+    from actors.security import sessions
+
+    ck = call_key("broker-a", Signer(initiator[2].fingerprint, initiator[1]), NOW)
+    plain = packb([["a bundle", i, [b"body"] * 3] for i in range(7)])  # seven, as a call's fields
+    signed = sign_call(plain, "broker-a", "B", ck)
+    unpacked = []
+    real = sessions.msgpack.unpackb
+    monkeypatch.setattr(
+        sessions.msgpack, "unpackb", lambda blob, **kw: unpacked.append(blob) or real(blob, **kw)
+    )
+    assert call_bundles(plain) == plain and unpacked == []  # its bodies not decoded to say so
+    assert open_call(plain, "B", {}, lambda n: True, NOW) is None and unpacked == []
+    assert call_bundles(signed) == plain and unpacked == [signed]  # a signed one opens as before
 
 
 # --- sealed messages -----------------------------------------------------------------------
