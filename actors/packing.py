@@ -31,6 +31,11 @@ def packb(obj: Any) -> bytes:
     return out
 
 
+# a named tuple from its fields' tuple, on the hot path: its class's own constructor (and
+# `_replace`) run as Python even where this package runs compiled
+made = tuple.__new__
+
+
 def one_or_all(values: list[Any]) -> Any:
     """A column packed as its one value when every entry has it (the usual case: one message
     type, one time for a run), else the list itself."""

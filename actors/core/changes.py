@@ -23,11 +23,6 @@ class Group:
     stateful: bool = False  # a state was stored for it (else a receive need not read one)
 
 
-# a named tuple from its fields' tuple, on the hot path: its class's own constructor runs as
-# Python even where this package runs compiled
-made = tuple.__new__
-
-
 class Arrived(NamedTuple):
     """Messages committed to a group: where they start, how many, and where their run is in
     `Changes.messages` (-1: not there, e.g. moved from another group)."""

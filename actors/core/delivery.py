@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 
-from actors.core.changes import Arrived, Changes, Removed, made
+from actors.core.changes import Arrived, Changes, Removed
 from actors.core.readcache import ROW_OVERHEAD
 from actors.core.work import Part
 from actors.errors import ContractViolation
@@ -35,6 +35,7 @@ from actors.model.dialogs import (
 )
 from actors.model.hops import Hop, next_hops
 from actors.model.routing import Match
+from actors.packing import made
 from actors.store import audit
 
 

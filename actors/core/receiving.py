@@ -10,13 +10,14 @@ from typing import Any
 
 from actors.calls.envelope import Op, ReceivedGroup
 from actors.calls.ordering import RequestId
-from actors.core.changes import Arrived, Changes, Removed, made
+from actors.core.changes import Arrived, Changes, Removed
 from actors.core.conversations import Conversations
 from actors.core.locks import Lock, Turn
 from actors.core.work import Part, UnitOfWork
 from actors.errors import GroupLocked, InvalidArgument, LockNotHeld, QueueDisabled
 from actors.model import checks
 from actors.model.catalog import Queue, to_record
+from actors.packing import made
 from actors.runs import Run, count, rows_of, runs_of
 from actors.store import audit
 

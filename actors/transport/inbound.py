@@ -13,6 +13,7 @@ from actors.errors import BrokerError, SecurityError
 from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
 from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
 from actors.model.hops import Hop
+from actors.packing import made
 from actors.transport.port import BrokerPort, Work
 from actors.transport.wire import (
     CONVERSATION_NOT_FOUND,
@@ -137,9 +138,8 @@ class Receiver:
             hops = [h for h in hops if h.broker]  # a relay goes to another broker
             if port.forwarding and hops:
                 key = tuple(h.address for h in hops)
-                onward.setdefault(key, (hops, []))[1].append(
-                    bundle._replace(hops_left=bundle.hops_left - 1)
-                )
+                relayed = made(Bundle, (*bundle[:8], bundle.hops_left - 1, *bundle[9:]))
+                onward.setdefault(key, (hops, []))[1].append(relayed)
                 continue
             why = f"{port.name} has no way to {to_service!r}: {m.describe()}" + (
                 "" if port.forwarding else " (forwarding is off)"

@@ -11,7 +11,7 @@ import msgpack
 
 from actors.errors import BrokerError, InvalidArgument
 from actors.model.catalog import check_name
-from actors.packing import first_or_all, one_or_all, packb
+from actors.packing import first_or_all, made, one_or_all, packb
 
 # Error codes the far broker answers with (negative, as Service Broker's are).
 CONVERSATION_NOT_FOUND = -8470
@@ -76,11 +76,8 @@ def _compact(b: Bundle) -> Bundle:
     """A bundle as it travels: its sequence numbers as the first when they have no gap, and its
     messages' type and sent time as one value when they all share it (the usual case), so
     neither broker packs, reads or checks them message by message."""
-    return b._replace(
-        seqs=first_or_all(b.seqs),
-        types=one_or_all(b.types),
-        sent_ats=one_or_all(b.sent_ats),
-    )
+    seqs, types, sent_ats = first_or_all(b.seqs), one_or_all(b.types), one_or_all(b.sent_ats)
+    return made(Bundle, (*b[:9], seqs, types, b.bodies, sent_ats, b.security))
 
 
 MAX_ID = 128  # characters of a conversation or broker id (ours are 36)
@@ -137,11 +134,9 @@ def read_bundle(raw: Any) -> Bundle | str:
         if set(map(type, bodies)) != {bytes}:
             odd = next(body for body in bodies if type(body) is not bytes)
             raise InvalidArgument(f"a body must be bytes, not {_kind(odd)}")
-        b = b._replace(
-            seqs=_seqs(b.seqs, len(bodies)),
-            types=_types(b.types, len(bodies)),
-            sent_ats=_sent_ats(b.sent_ats, len(bodies)),
-        )
+        n = len(bodies)
+        seqs, types, sent_ats = _seqs(b.seqs, n), _types(b.types, n), _sent_ats(b.sent_ats, n)
+        b = made(Bundle, (*b[:9], seqs, types, bodies, sent_ats, b.security))
     except BrokerError as exc:  # a field's check, or the catalog's name rule
         return str(exc)
     return b

@@ -940,6 +940,29 @@ def test_with_one_forwarder_down_messages_and_replies_flow_through_the_other(net
     assert ("GatewayA", "B") in net.calls
 
 
+def test_a_forwarder_passes_a_bundle_on_with_one_hop_less_and_the_rest_as_it_came(
+    net, gateways, monkeypatch
+):
+    a, b = gateways
+    net.down.add("GatewayA")
+    blobs: dict[tuple[str, str], bytes] = {}
+    real = InProcessPeers.deliver
+
+    async def recorded(peers, broker, blob, timeout):
+        blobs[(peers.caller, broker)] = blob
+        return await real(peers, broker, blob, timeout)
+
+    monkeypatch.setattr(InProcessPeers, "deliver", recorded)
+    begin(a, b"m0", b"m1")
+    net.pump()
+
+    [came] = [read_bundle(r) for r in msgpack.unpackb(blobs[("A", "GatewayB")], raw=False)]
+    [went] = [read_bundle(r) for r in msgpack.unpackb(blobs[("GatewayB", "B")], raw=False)]
+    assert went.hops_left == came.hops_left - 1
+    assert went._replace(hops_left=came.hops_left) == came
+    assert [m.body for m in take(b, "TargetQ")] == [b"m0", b"m1"]
+
+
 def test_the_target_drops_the_duplicate_when_both_forwarders_deliver_a_batch(net, gateways):
     a, b = gateways
     h = begin(a, b"m0", b"m1")
