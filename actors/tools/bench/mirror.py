@@ -24,7 +24,6 @@ from collections import Counter
 from dataclasses import asdict, replace
 from typing import Any
 
-import psutil
 import ray
 from ray.cluster_utils import Cluster
 
@@ -41,6 +40,7 @@ from actors.remote.mirrored import (
 from actors.remote.runtime import local_cluster
 from actors.store.audit import read_all
 from actors.tools.bench.local import receive_all, send_all
+from actors.tools.bench.peers.driver import ProcessCpu
 from actors.tools.bench.repeat import check_repeats
 from actors.tools.bench.report import (
     DEFAULT_LOAD,
@@ -185,12 +185,11 @@ def _stream(b: Broker, load: Load) -> dict[str, Any]:
             receive_all(b, load.messages, max_groups=16, readers=1),
         )
 
-    procs = _processes(b)
-    before = {k: _cpu_s(p) for k, p in procs.items()}
+    cpu = {k: ProcessCpu([pid]) for k, pid in _pids(b).items()}
     t0 = time.perf_counter()
     asyncio.run(both())
     rate = load.messages / (time.perf_counter() - t0)
-    cpu_s = {k: _cpu_s(p) - before[k] for k, p in procs.items()}
+    cpu_s = {k: c.used() for k, c in cpu.items()}
     records, _ = read_all(b.audit, after)
     lat = sorted((r["committed_at"] - r["sent_at"]) * 1000 for r in records)
     keys = Counter((r["conversation_id"], r["sequence_number"]) for r in records)
@@ -211,7 +210,7 @@ def _stream(b: Broker, load: Load) -> dict[str, Any]:
     }
 
 
-def _processes(b: Broker) -> dict[str, psutil.Process]:
+def _pids(b: Broker) -> dict[str, int]:
     """The processes whose CPU a stream costs: the broker's (a mirrored broker's principal and
     mirror, wherever a failover has put them) and this driver's."""
     if isinstance(b, MirroredBroker):
@@ -222,12 +221,7 @@ def _processes(b: Broker) -> dict[str, psutil.Process]:
         }
     else:
         pids = {"broker": b.info()["pid"]}
-    return {k: psutil.Process(pid) for k, pid in {**pids, "driver": os.getpid()}.items()}
-
-
-def _cpu_s(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
+    return {**pids, "driver": os.getpid()}
 
 
 def _node_of(zones: list[Any], principal: dict[str, Any]) -> Any:

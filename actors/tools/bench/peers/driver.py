@@ -168,7 +168,7 @@ def _drive(w: Workload, system: System, params: dict[str, Any], pool: Pool) -> M
     for inbox, (role, i, share) in zip(inboxes, roles, strict=True):
         inbox.put(("run", role, i, share, w, system.client, params))
     _gather(pool.out, procs, "ready", len(roles), READY_S)
-    servers = _Cpu(system.pids())
+    servers = ProcessCpu(system.pids())
     for inbox in inboxes:
         inbox.put("go")
     produced = _gather(pool.out, procs, "produced", len(producers), None)
@@ -235,7 +235,7 @@ def _settle(counter: Any, target: int, procs: list[Any]) -> bool:
         time.sleep(0.01)
 
 
-class _Cpu:
+class ProcessCpu:
     """CPU seconds (user + system) of `pids` since construction."""
 
     def __init__(self, pids: Sequence[int]) -> None:
