@@ -1,6 +1,7 @@
 """`raybroker bench ingest`: N rows of a cached DataFrame into a durable queue, timed from the
 ingest call until every row is committed in the broker's store, beside, in the same run:
 
+- the ingest of the same rows cached already partitioned by key, which Spark need not shuffle;
 - driver-loop: the best loop a user would write on the driver: the DataFrame to pandas through
   Arrow, sorted by key and order, the same batched `apply` calls, several in flight;
 - broker send-only: the same calls, built beforehand in the driver, so only the broker works;
@@ -26,7 +27,8 @@ from actors import Contract, MessageType, Queue, Service, start_broker
 from actors.remote.runtime import ensure_ray
 from actors.tools.bench.report import Load, Progress, Report, Row
 
-from .ingest import arranged, ingest
+from .arrange import arranged
+from .ingest import ingest
 from .plan import IngestSpec, PartitionPlanner
 from .session import spark_session
 
@@ -83,6 +85,31 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
                         notes=f"{rep.calls} calls, {rep.dialogs} dialogs",
                         vs=[
                             ["driver-loop", "toPandas + apply", "driver-loop"],
+                            ["raybroker", "broker send-only", "broker send-only"],
+                        ],  # fmt: skip
+                    ),
+                )
+            )
+
+            progress("raybroker: the same rows, cached partitioned by key (no shuffle needed)")
+            keyed = df.repartition(spark.sparkContext.defaultParallelism, "key").cache()
+            keyed.count()
+            t0 = time.perf_counter()
+            rep = ingest(keyed, broker, **SEND, **_cols(), batch_rows=batch_rows, progress=False)
+            rate = rows / (time.perf_counter() - t0)
+            keyed.unpersist()
+            report.rows.append(
+                _checked(
+                    broker,
+                    rows,
+                    Row(
+                        "raybroker",
+                        "ingest (input partitioned by key)",
+                        rate,
+                        notes=("shuffled" if rep.shuffled else "not shuffled")
+                        + f", {rep.calls} calls",
+                        vs=[
+                            ["raybroker", "ingest (executors)", "the ingest"],
                             ["raybroker", "broker send-only", "broker send-only"],
                         ],  # fmt: skip
                     ),

@@ -1,7 +1,8 @@
 """Ingest: a Spark DataFrame becomes messages, sent from Spark's executors straight to the brokers.
 
 The rows never pass through the driver. The DataFrame is hash-partitioned by the conversation key
-and sorted by key and order within each partition; a Python worker on an executor receives each
+(unless it already is: `spark_bridge.arrange`) and sorted by key and order within each partition;
+a Python worker on an executor receives each
 partition as Arrow record batches (`mapInArrow`), joins the Ray cluster, and sends the rows in
 batched `apply` calls, several in flight, to the brokers (`spark_bridge.plan` makes the calls).
 Measured on a 2-core machine, streaming a cached 1M-row DataFrame to Python workers this way took
@@ -29,6 +30,7 @@ from actors.model.catalog import Contract, MessageType, may_send
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
+from .arrange import KEY_COLUMN, NULL_KEY, arranged, null_keys, shuffles
 from .plan import (
     BODY_FORMATS,
     IngestSpec,
@@ -39,8 +41,6 @@ from .plan import (
 )
 from .progress import BOARD, Tally, Watcher, best_effort, board, print_progress
 
-KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
-ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest names no order
 RESULT_SCHEMA = (
     "rows long, sent long, dialogs long, calls long, "
     "rejected_key string, rejected_position long, rejected_reason string"
@@ -50,7 +50,9 @@ RESULT_SCHEMA = (
 @dataclass
 class IngestReport:
     """What one ingest did. `sent` counts messages sent by this run: a re-run of an ingest that
-    completed sends 0. `rejected`: rows not sent, each with its key, position and reason."""
+    completed sends 0. `rejected`: rows not sent, each with its key, position and reason.
+    `shuffled`: whether Spark moved the rows to arrange them by key (not when the input was
+    already partitioned by the key: `arranged`)."""
 
     ingest_id: str
     rows: int
@@ -61,6 +63,7 @@ class IngestReport:
     key: str | None
     order: str | None
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    shuffled: bool = True
 
     @property
     def rows_per_s(self) -> float:
@@ -78,6 +81,7 @@ class IngestReport:
             "key": self.key,
             "order": self.order,
             "rejected": self.rejected,
+            "shuffled": self.shuffled,
         }
 
 
@@ -149,6 +153,7 @@ def ingest(
     )
     _check_columns(df, body=body, key=key, order=order, group=group)
     frame = arranged(df, key, order, partitions)
+    shuffled = shuffles(frame) > shuffles(df)
     import ray
 
     share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None
@@ -209,31 +214,11 @@ def ingest(
             for r in out
             if r.rejected_reason is not None
         ],
+        shuffled=shuffled,
     )
 
 
 NO_ROWS = "the DataFrame has no rows: nothing to ingest"
-NULL_KEY = "raybroker-ingest: null key"  # what the arrangement raises in Spark on a null key
-
-
-def arranged(df: Any, key: str | None, order: str | None, partitions: int | None) -> Any:
-    """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
-    sorted by (key, order). Without a key, each input partition is a key and keeps its order.
-    The reconciliation derives rows' positions the same way.
-
-    A null key fails the shuffle's map side, which ends before any partition reaches a sender:
-    the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
-    knows holds no nulls)."""
-    from pyspark.sql import functions as F
-
-    if key is None:
-        return df.withColumn(KEY_COLUMN, F.spark_partition_id())
-    if order is None:
-        df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
-        order = ORDER_COLUMN
-    n = partitions or df.sparkSession.sparkContext.defaultParallelism
-    keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
-    return df.repartition(n, keyed).sortWithinPartitions(key, order)
 
 
 def _collect(frame: Any, df: Any, key: str | None) -> list[Any]:
@@ -244,10 +229,7 @@ def _collect(frame: Any, df: Any, key: str | None) -> list[Any]:
         if key is None or NULL_KEY not in str(exc):
             raise
         nulls = df.where(df[key].isNull()).count()  # only now: the message says how many
-    raise IngestError(
-        f"{nulls:,} rows have a null key in column {key!r}; every row needs a key (fill or drop "
-        "them first)"
-    )
+    raise IngestError(null_keys(nulls, key))
 
 
 def _partition_sender(

@@ -17,7 +17,7 @@ from typing import Any
 
 from actors.model.catalog import SYSTEM_TYPES
 
-from .ingest import KEY_COLUMN, ORDER_COLUMN
+from .arrange import KEY_COLUMN, ORDER_COLUMN
 from .plan import KEY_DIGEST, check_ingest_id
 
 MAX_KEYS_SHOWN = 100

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from actors import Broker, End, IngestError
 from actors.errors import UnknownMessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
+from spark_bridge.arrange import arranged, shuffles
 from spark_bridge.plan import dialog_id
 from tests.polling import wait_until
 
@@ -116,7 +117,7 @@ def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_b
     )
 
     assert (report.rows, report.sent, report.dialogs, report.rejected) == (3000, 3000, 40, [])
-    assert report.rows_per_s > 0
+    assert report.rows_per_s > 0 and report.shuffled  # its rows were not arranged by customer
     got = drain(orders_broker)
     assert sorted(o["id"] for o in got) == list(range(3000))
     ts = {r["order"]["id"]: r["ts"] for r in df.collect()}
@@ -125,6 +126,63 @@ def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_b
         by_customer.setdefault(o["customer"], []).append(ts[o["id"]])
     assert len(by_customer) == 40
     assert all(seen == sorted(seen) for seen in by_customer.values())
+
+
+def test_an_input_already_partitioned_by_the_key_is_sent_without_a_shuffle(spark, orders_broker):
+    # cached hash-partitioned by customer (a nullable column: the cache's statistics rule out
+    # a null key); each key's rows in one partition, out of ts order within it
+    df = orders_frame(spark, 3000, 40).repartition(3, "customer").cache()
+    arranged_rows = arranged(df, "customer", "ts", None)
+    assert shuffles(arranged_rows) == 0 and arranged_rows.rdd.getNumPartitions() == 3
+
+    report = ingest(df, orders_broker, **SEND, **ORDER_COLUMNS, progress=False)
+
+    assert (report.rows, report.sent, report.dialogs, report.shuffled) == (3000, 3000, 40, False)
+    assert len(drain(orders_broker)) == 3000
+    audit = audit_frame(spark, [orders_broker])
+    result = reconcile(audit, df, ingest_id=report.ingest_id, key="customer", order="ts")
+    assert result.ok and result.delivered == 3000  # every row once, each key in ts order
+
+
+def test_a_partitioned_input_is_shuffled_when_its_partitioning_does_not_place_the_keys(spark):
+    base = orders_frame(spark, 100, 5)
+    other_count = base.repartition(3, "customer").cache()
+    other_column = base.repartition(3, "ts").cache()
+    not_cached = base.repartition(3, "customer").select("customer", "ts", "order")
+
+    assert shuffles(arranged(other_count, "customer", "ts", 2)) == 1  # 2 partitions asked
+    assert shuffles(arranged(other_column, "customer", "ts", None)) == 1
+    # a nullable key with nothing cached to count its nulls from: the shuffle finds them
+    assert shuffles(arranged(not_cached, "customer", "ts", None)) > shuffles(not_cached)
+
+
+def test_a_null_key_in_an_input_partitioned_by_the_key_is_refused_before_anything_is_sent(
+    spark, refusing_broker
+):
+    nulls = (
+        spark.range(0, 2_000, numPartitions=4)
+        .select(
+            F.when(F.col("id").isin(7, 1_234), None).otherwise(F.col("id") % 50).alias("customer"),
+            F.to_json(F.struct("id")).alias("order"),
+        )
+        .repartition(4, "customer")
+        .cache()
+    )
+
+    with pytest.raises(IngestError, match="2 rows have a null key"):
+        arranged(nulls, "customer", None, None)  # found planning: the rows are not shuffled
+    with pytest.raises(IngestError, match="2 rows have a null key in column 'customer'"):
+        ingest(
+            nulls,
+            refusing_broker,
+            **SEND,
+            message_type="Order",
+            body="order",
+            key="customer",
+            progress=False,
+        )
+
+    assert_nothing_sent(refusing_broker)
 
 
 def test_reconciliation_is_clean_then_reports_an_injected_drop_and_double(spark, orders_broker):
@@ -598,9 +656,11 @@ def test_bench_ingest_measures_the_ingest_beside_the_driver_loop_and_checks_deli
     assert report["scenario"] == "ingest" and report["params"]["rows"] == 3000
     for key in [
         ("raybroker", "ingest (executors)"),
+        ("raybroker", "ingest (input partitioned by key)"),
         ("driver-loop", "toPandas + apply"),
         ("raybroker", "broker send-only"),
     ]:
         assert rows[key]["messages_per_s"] > 0
         assert (rows[key]["lost"], rows[key]["doubled"], rows[key]["out_of_order"]) == (0, 0, 0)
     assert "x driver-loop" in rows[("raybroker", "ingest (executors)")]["notes"]
+    assert "not shuffled" in rows[("raybroker", "ingest (input partitioned by key)")]["notes"]

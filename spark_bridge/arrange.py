@@ -1,0 +1,112 @@
+"""How an ingest arranges a DataFrame for its senders: each key's rows together in one partition,
+in order. Spark plans only (through PySpark and its JVM plan objects); nothing here sends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.errors import IngestError
+
+KEY_COLUMN = "__raybroker_key"  # the partition id, as the key, when the ingest has none
+ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest names no order
+NULL_KEY = "raybroker-ingest: null key"  # what the arrangement raises in Spark on a null key
+
+
+def arranged(df: Any, key: str | None, order: str | None, partitions: int | None) -> Any:
+    """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
+    sorted by (key, order). Without a key, each input partition is a key and keeps its order.
+    The reconciliation derives rows' positions the same way.
+
+    A null key fails the shuffle's map side, which ends before any partition reaches a sender:
+    the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
+    knows holds no nulls). An input already hash-partitioned by the key alone keeps its
+    partitions instead, with no shuffle, when a null key can be ruled out without reading it
+    (`_in_place`)."""
+    from pyspark.sql import functions as F
+
+    if key is None:
+        return df.withColumn(KEY_COLUMN, F.spark_partition_id())
+    original = df
+    if order is None:
+        df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
+        order = ORDER_COLUMN
+    placed = _in_place(original, df, key, partitions)
+    if placed is not None:
+        return placed.sortWithinPartitions(key, order)
+    n = partitions or df.sparkSession.sparkContext.defaultParallelism
+    keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
+    return df.repartition(n, keyed).sortWithinPartitions(key, order)
+
+
+def _in_place(original: Any, df: Any, key: str, partitions: int | None) -> Any:
+    """`df` partitioned by `key` as it already is, or None (the ingest shuffles). Spark drops the
+    repartition when the input is hash-partitioned by the key alone into that many partitions (a
+    cached `repartition(n, key)`, a bucketed table's read, an aggregation by the key), so each
+    key's rows are already in one partition. A null key must then be ruled out before anything
+    is sent, with no shuffle to find it in: the key's column can hold none (its type says so),
+    or the input is cached, whose column statistics count nulls (a count that reads no rows)."""
+    from pyspark.sql import functions as F
+
+    n = _hash_partitions(original)
+    if n is None or partitions not in (None, n):
+        return None
+    nullable = original.schema[key].nullable
+    if nullable and not original.is_cached:
+        return None  # finding a null would read the whole input: the shuffle finds it
+    if original.is_cached:
+        # also fills the cache if it is not yet: until then Spark plans it as partitioned
+        # unknown ways, and keeps the repartition
+        nulls = original.where(F.col(key).isNull()).count() if nullable else original.count()
+        if nullable and nulls:
+            raise IngestError(null_keys(nulls, key))
+    placed = df.repartition(n, F.col(key))
+    if shuffles(placed) != shuffles(df):  # Spark keeps the repartition: the rows must move
+        return None
+    return placed
+
+
+def _physical(df: Any) -> Any:
+    """The physical plan Spark will run for `df` (under adaptive execution, the plan as it stands:
+    its first form, once Spark has dropped the shuffles the input's partitioning makes needless,
+    or the final one of a plan that ran)."""
+    return _unwrapped(df._jdf.queryExecution().executedPlan())
+
+
+def _unwrapped(plan: Any) -> Any:
+    if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+        return plan.executedPlan()
+    return plan
+
+
+def _hash_partitions(df: Any) -> int | None:
+    """How many partitions `df` is hash-partitioned into, if it is (by whatever columns); for a
+    cached input, the partitioning of the plan its cache holds."""
+    plan = _physical(df)
+    partitioning = plan.outputPartitioning()
+    if plan.getClass().getSimpleName() == "InMemoryTableScanExec":
+        partitioning = _unwrapped(plan.relation().cachedPlan()).outputPartitioning()
+    if partitioning.getClass().getSimpleName() != "HashPartitioning":
+        return None
+    return int(partitioning.numPartitions())
+
+
+def shuffles(df: Any) -> int:
+    """The shuffles in `df`'s plan (a cached input's own, already run, are not counted)."""
+    count, todo = 0, [_physical(df)]
+    while todo:
+        node = todo.pop()
+        name = node.getClass().getSimpleName()
+        if name == "AdaptiveSparkPlanExec":
+            todo.append(node.executedPlan())
+            continue
+        count += name in ("ShuffleExchangeExec", "ShuffleQueryStageExec")  # to run, or run
+        children = node.children()
+        todo += [children.apply(i) for i in range(children.size())]
+    return count
+
+
+def null_keys(nulls: int, key: str) -> str:
+    return (
+        f"{nulls:,} rows have a null key in column {key!r}; every row needs a key (fill or drop "
+        "them first)"
+    )
