@@ -71,50 +71,23 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
             warm.unpersist()
 
             progress(f"raybroker: ingest of {rows:,} rows from Spark's executors")
-            t0 = time.perf_counter()
-            rep = ingest(df, broker, **SEND, **_cols(), batch_rows=batch_rows, progress=False)
-            rate = rows / (time.perf_counter() - t0)
-            report.rows.append(
-                _checked(
-                    broker,
-                    rows,
-                    Row(
-                        "raybroker",
-                        "ingest (executors)",
-                        rate,
-                        notes=f"{rep.calls} calls, {rep.dialogs} dialogs",
-                        vs=[
-                            ["driver-loop", "toPandas + apply", "driver-loop"],
-                            ["raybroker", "broker send-only", "broker send-only"],
-                        ],  # fmt: skip
-                    ),
-                )
-            )
+            rep, rate = _timed_ingest(df, broker, batch_rows)
+            vs_loop = [["driver-loop", "toPandas + apply", "driver-loop"]]
+            vs_send = [["raybroker", "broker send-only", "broker send-only"]]
+            notes = f"{rep.calls} calls, {rep.dialogs} dialogs"
+            row = Row("raybroker", "ingest (executors)", rate, notes=notes, vs=vs_loop + vs_send)
+            report.rows.append(_checked(broker, rows, row))
 
             progress("raybroker: the same rows, cached partitioned by key (no shuffle needed)")
             keyed = df.repartition(spark.sparkContext.defaultParallelism, "key").cache()
             keyed.count()
-            t0 = time.perf_counter()
-            rep = ingest(keyed, broker, **SEND, **_cols(), batch_rows=batch_rows, progress=False)
-            rate = rows / (time.perf_counter() - t0)
+            rep, rate = _timed_ingest(keyed, broker, batch_rows)
             keyed.unpersist()
-            report.rows.append(
-                _checked(
-                    broker,
-                    rows,
-                    Row(
-                        "raybroker",
-                        "ingest (input partitioned by key)",
-                        rate,
-                        notes=("shuffled" if rep.shuffled else "not shuffled")
-                        + f", {rep.calls} calls",
-                        vs=[
-                            ["raybroker", "ingest (executors)", "the ingest"],
-                            ["raybroker", "broker send-only", "broker send-only"],
-                        ],  # fmt: skip
-                    ),
-                )
-            )
+            notes = f"{'shuffled' if rep.shuffled else 'not shuffled'}, {rep.calls} calls"
+            vs_ingest = [["raybroker", "ingest (executors)", "the ingest"]]
+            variant = "ingest (input partitioned by key)"
+            row = Row("raybroker", variant, rate, notes=notes, vs=vs_ingest + vs_send)
+            report.rows.append(_checked(broker, rows, row))
 
             progress("driver-loop: toPandas (Arrow), then batched apply calls from the driver")
             t0 = time.perf_counter()
@@ -169,6 +142,13 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
         finally:
             broker.stop()
     return report
+
+
+def _timed_ingest(df: Any, broker: Any, batch_rows: int) -> tuple[Any, float]:
+    """An ingest of `df`'s rows: its report, and rows a second from the call to its return."""
+    t0 = time.perf_counter()
+    rep = ingest(df, broker, **SEND, **_cols(), batch_rows=batch_rows, progress=False)
+    return rep, rep.rows / (time.perf_counter() - t0)
 
 
 def _define(broker: Any) -> None:

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 SEND = {"from_service": "Orders", "to_service": "Fulfilment", "contract": "OrderContract"}
 # the columns of `orders_frame` an ingest reads: one dialog per customer, its rows by ts
 ORDER_COLUMNS = {"message_type": "Order", "body": "order", "key": "customer", "order": "ts"}
+BY_CUSTOMER = {"message_type": "Order", "body": "order", "key": "customer"}  # the input's order
 
 
 def orders_frame(spark, rows: int, keys: int):
@@ -172,15 +173,7 @@ def test_a_null_key_in_an_input_partitioned_by_the_key_is_refused_before_anythin
     with pytest.raises(IngestError, match="2 rows have a null key"):
         arranged(nulls, "customer", None, None)  # found planning: the rows are not shuffled
     with pytest.raises(IngestError, match="2 rows have a null key in column 'customer'"):
-        ingest(
-            nulls,
-            refusing_broker,
-            **SEND,
-            message_type="Order",
-            body="order",
-            key="customer",
-            progress=False,
-        )
+        ingest(nulls, refusing_broker, **SEND, **BY_CUSTOMER, progress=False)
 
     assert_nothing_sent(refusing_broker)
 
@@ -434,15 +427,7 @@ def test_a_null_key_and_an_empty_frame_are_refused_before_anything_is_sent(spark
     empty = spark.createDataFrame([], "customer string, order string")
 
     with pytest.raises(IngestError, match="2 rows have a null key in column 'customer'"):
-        ingest(
-            nulls,
-            refusing_broker,
-            **SEND,
-            message_type="Order",
-            body="order",
-            key="customer",
-            progress=False,
-        )
+        ingest(nulls, refusing_broker, **SEND, **BY_CUSTOMER, progress=False)
     with pytest.raises(IngestError, match="no rows"):
         ingest(empty, refusing_broker, **SEND, message_type="Order", body="order", progress=False)
 
