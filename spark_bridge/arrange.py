@@ -14,8 +14,9 @@ NULL_KEY = "raybroker-ingest: null key"  # what the arrangement raises in Spark 
 
 def arranged(df: Any, key: str | None, order: str | None, partitions: int | None) -> Any:
     """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
-    sorted by (key, order). Without a key, each input partition is a key and keeps its order.
-    The reconciliation derives rows' positions the same way.
+    sorted by (key, order), in `partitions` partitions (default: one per executor core). Without
+    a key, each input partition is a key and keeps its order. The reconciliation derives rows'
+    positions the same way.
 
     A null key fails the shuffle's map side, which ends before any partition reaches a sender:
     the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
@@ -24,31 +25,36 @@ def arranged(df: Any, key: str | None, order: str | None, partitions: int | None
     (`_in_place`)."""
     from pyspark.sql import functions as F
 
+    wanted = partitions or df.sparkSession.sparkContext.defaultParallelism
     if key is None:
-        return df.withColumn(KEY_COLUMN, F.spark_partition_id())
+        # each partition is a sender task, which costs tens of milliseconds to start: more than
+        # wanted are merged whole, one after another (a key's rows stay together, in order)
+        return df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted)
     original = df
     if order is None:
         df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
         order = ORDER_COLUMN
-    placed = _in_place(original, df, key, partitions)
+    placed = _in_place(original, df, key, wanted)
     if placed is not None:
         return placed.sortWithinPartitions(key, order)
-    n = partitions or df.sparkSession.sparkContext.defaultParallelism
     keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
-    return df.repartition(n, keyed).sortWithinPartitions(key, order)
+    return df.repartition(wanted, keyed).sortWithinPartitions(key, order)
 
 
-def _in_place(original: Any, df: Any, key: str, partitions: int | None) -> Any:
+def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
     """`df` partitioned by `key` as it already is, or None (the ingest shuffles). Spark drops the
     repartition when the input is hash-partitioned by the key alone into that many partitions (a
     cached `repartition(n, key)`, a bucketed table's read, an aggregation by the key), so each
     key's rows are already in one partition. A null key must then be ruled out before anything
     is sent, with no shuffle to find it in: the key's column can hold none (its type says so),
-    or the input is cached, whose column statistics count nulls (a count that reads no rows)."""
+    or the input is cached, whose column statistics count nulls (a count that reads no rows).
+    More partitions than the ingest wants (`wanted`) are merged
+    whole (`coalesce`: no rows move between executors, and a key's rows stay together): each
+    partition is a sender task, which costs tens of milliseconds to start."""
     from pyspark.sql import functions as F
 
     n = _hash_partitions(original)
-    if n is None or partitions not in (None, n):
+    if n is None or wanted > n:
         return None
     nullable = original.schema[key].nullable
     if nullable and not original.is_cached:
@@ -62,7 +68,7 @@ def _in_place(original: Any, df: Any, key: str, partitions: int | None) -> Any:
     placed = df.repartition(n, F.col(key))
     if shuffles(placed) != shuffles(df):  # Spark keeps the repartition: the rows must move
         return None
-    return placed
+    return placed if wanted == n else placed.coalesce(wanted)
 
 
 def _physical(df: Any) -> Any:

@@ -130,28 +130,30 @@ def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_b
 
 
 def test_an_input_already_partitioned_by_the_key_is_sent_without_a_shuffle(spark, orders_broker):
-    # cached hash-partitioned by customer (a nullable column: the cache's statistics rule out
-    # a null key); each key's rows in one partition, out of ts order within it
-    df = orders_frame(spark, 3000, 40).repartition(3, "customer").cache()
-    arranged_rows = arranged(df, "customer", "ts", None)
-    assert shuffles(arranged_rows) == 0 and arranged_rows.rdd.getNumPartitions() == 3
+    # cached hash-partitioned by customer into 8 (a nullable column: the cache's statistics rule
+    # out a null key), sent in its own order: its partitions are merged whole into one per core
+    df = orders_frame(spark, 3000, 40).repartition(8, "customer").cache()
+    cores = spark.sparkContext.defaultParallelism
+    arranged_rows = arranged(df, "customer", None, None)
+    assert shuffles(arranged_rows) == 0 and arranged_rows.rdd.getNumPartitions() == cores < 8
 
-    report = ingest(df, orders_broker, **SEND, **ORDER_COLUMNS, progress=False)
+    report = ingest(df, orders_broker, **SEND, **BY_CUSTOMER, progress=False)
 
     assert (report.rows, report.sent, report.dialogs, report.shuffled) == (3000, 3000, 40, False)
     assert len(drain(orders_broker)) == 3000
     audit = audit_frame(spark, [orders_broker])
-    result = reconcile(audit, df, ingest_id=report.ingest_id, key="customer", order="ts")
-    assert result.ok and result.delivered == 3000  # every row once, each key in ts order
+    result = reconcile(audit, df, ingest_id=report.ingest_id, key="customer")
+    assert result.ok and result.delivered == 3000  # every row once, each key in the input's order
 
 
 def test_a_partitioned_input_is_shuffled_when_its_partitioning_does_not_place_the_keys(spark):
     base = orders_frame(spark, 100, 5)
-    other_count = base.repartition(3, "customer").cache()
+    by_customer = base.repartition(3, "customer").cache()
     other_column = base.repartition(3, "ts").cache()
     not_cached = base.repartition(3, "customer").select("customer", "ts", "order")
 
-    assert shuffles(arranged(other_count, "customer", "ts", 2)) == 1  # 2 partitions asked
+    assert shuffles(arranged(by_customer, "customer", "ts", 2)) == 0  # merged: no rows move
+    assert shuffles(arranged(by_customer, "customer", "ts", 5)) == 1  # more than it has
     assert shuffles(arranged(other_column, "customer", "ts", None)) == 1
     # a nullable key with nothing cached to count its nulls from: the shuffle finds them
     assert shuffles(arranged(not_cached, "customer", "ts", None)) > shuffles(not_cached)
@@ -456,11 +458,13 @@ def test_keys_spread_over_several_brokers_and_one_audit_covers_them(spark, make_
 
 
 def test_without_a_key_each_input_partition_is_one_ordered_dialog(spark, orders_broker):
-    df = spark.range(600).select(F.col("id").cast("string").alias("order")).repartition(3).cache()
+    df = spark.range(600).select(F.col("id").cast("string").alias("order")).repartition(5).cache()
+    cores = spark.sparkContext.defaultParallelism  # 5 partitions, merged whole into this many
+    assert arranged(df, None, None, None).rdd.getNumPartitions() == cores < 5
 
     report = ingest(df, orders_broker, **SEND, message_type="Order", body="order", progress=False)
 
-    assert (report.rows, report.dialogs) == (600, 3)
+    assert (report.rows, report.dialogs) == (600, 5)
     assert sorted(drain(orders_broker)) == list(range(600))
     result = reconcile(audit_frame(spark, orders_broker), df, ingest_id=report.ingest_id)
     assert result.ok and result.delivered == 600
