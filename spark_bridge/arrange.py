@@ -62,7 +62,8 @@ def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
     if original.is_cached:
         # also fills the cache if it is not yet: until then Spark plans it as partitioned
         # unknown ways, and keeps the repartition
-        nulls = original.where(F.col(key).isNull()).count() if nullable else original.count()
+        merged = original.coalesce(wanted)  # a task per partition would cost more than reading
+        nulls = merged.where(F.col(key).isNull()).count() if nullable else merged.count()
         if nullable and nulls:
             raise IngestError(null_keys(nulls, key))
     placed = df.repartition(n, F.col(key))
