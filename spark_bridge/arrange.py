@@ -12,7 +12,9 @@ ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest nam
 NULL_KEY = "raybroker-ingest: null key"  # what the arrangement raises in Spark on a null key
 
 
-def arranged(df: Any, key: str | None, order: str | None, partitions: int | None) -> Any:
+def arrangement(
+    df: Any, key: str | None, order: str | None, partitions: int | None
+) -> tuple[Any, bool]:
     """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
     sorted by (key, order), in `partitions` partitions (default: one per executor core). Without
     a key, each input partition is a key and keeps its order. The reconciliation derives rows'
@@ -22,23 +24,23 @@ def arranged(df: Any, key: str | None, order: str | None, partitions: int | None
     the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
     knows holds no nulls). An input already hash-partitioned by the key alone keeps its
     partitions instead, with no shuffle, when a null key can be ruled out without reading it
-    (`_in_place`)."""
+    (`_in_place`). Returns the arranged frame and whether Spark shuffles the rows for it."""
     from pyspark.sql import functions as F
 
     wanted = partitions or df.sparkSession.sparkContext.defaultParallelism
     if key is None:
         # each partition is a sender task, which costs tens of milliseconds to start: more than
         # wanted are merged whole, one after another (a key's rows stay together, in order)
-        return df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted)
+        return df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted), False
     original = df
     if order is None:
         df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
         order = ORDER_COLUMN
     placed = _in_place(original, df, key, wanted)
     if placed is not None:
-        return placed.sortWithinPartitions(key, order)
+        return placed.sortWithinPartitions(key, order), False
     keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
-    return df.repartition(wanted, keyed).sortWithinPartitions(key, order)
+    return df.repartition(wanted, keyed).sortWithinPartitions(key, order), True
 
 
 def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:

@@ -27,7 +27,7 @@ from actors import Contract, MessageType, Queue, Service, start_broker
 from actors.remote.runtime import ensure_ray
 from actors.tools.bench.report import Load, Progress, Report, Row
 
-from .arrange import arranged
+from .arrange import arrangement
 from .ingest import ingest
 from .plan import IngestSpec, PartitionPlanner
 from .session import spark_session
@@ -231,7 +231,8 @@ def _dry(df: Any, batch_rows: int, plan: bool) -> int:
             n += batch.num_rows
         yield pa.RecordBatch.from_pylist([{"n": n}])
 
-    return sum(r.n for r in arranged(df, "key", "ts", None).mapInArrow(count, "n long").collect())
+    frame, _ = arrangement(df, "key", "ts", None)
+    return sum(r.n for r in frame.mapInArrow(count, "n long").collect())
 
 
 def _drain(broker: Any, rows: int | None) -> tuple[int, int, int]:

@@ -30,7 +30,7 @@ from actors.model.catalog import Contract, MessageType, may_send
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
-from .arrange import KEY_COLUMN, NULL_KEY, arranged, null_keys, shuffles
+from .arrange import KEY_COLUMN, NULL_KEY, arrangement, null_keys
 from .plan import (
     BODY_FORMATS,
     IngestSpec,
@@ -52,7 +52,7 @@ class IngestReport:
     """What one ingest did. `sent` counts messages sent by this run: a re-run of an ingest that
     completed sends 0. `rejected`: rows not sent, each with its key, position and reason.
     `shuffled`: whether Spark moved the rows to arrange them by key (not when the input was
-    already partitioned by the key: `arranged`)."""
+    already partitioned by the key: `spark_bridge.arrange`)."""
 
     ingest_id: str
     rows: int
@@ -154,8 +154,7 @@ def ingest(
         senders, from_service, to_service, contract, message_type, encryption
     )
     _check_columns(df, body=body, key=key, order=order, group=group)
-    frame = arranged(df, key, order, partitions)
-    shuffled = shuffles(frame) > shuffles(df)
+    frame, shuffled = arrangement(df, key, order, partitions)
     import ray
 
     share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None

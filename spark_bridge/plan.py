@@ -302,7 +302,7 @@ class PartitionPlanner:
             if key in self._done:  # its sequence numbers would restart: rows would be skipped
                 raise InvalidArgument(
                     f"the rows of key {key!r} are not together in their partition; an ingest "
-                    "arranges them so (spark_bridge.arrange.arranged)"
+                    "arranges them so (spark_bridge.arrange.arrangement)"
                 )
             if self._dialog is not None:
                 self._done.add(self._dialog.key)

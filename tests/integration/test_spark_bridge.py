@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from actors import Broker, End, IngestError
 from actors.errors import UnknownMessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
-from spark_bridge.arrange import arranged, shuffles
+from spark_bridge.arrange import arrangement, shuffles
 from spark_bridge.plan import dialog_id
 from tests.polling import wait_until
 
@@ -134,8 +134,8 @@ def test_an_input_already_partitioned_by_the_key_is_sent_without_a_shuffle(spark
     # out a null key), sent in its own order: its partitions are merged whole into one per core
     df = orders_frame(spark, 3000, 40).repartition(8, "customer").cache()
     cores = spark.sparkContext.defaultParallelism
-    arranged_rows = arranged(df, "customer", None, None)
-    assert shuffles(arranged_rows) == 0 and arranged_rows.rdd.getNumPartitions() == cores < 8
+    frame, shuffled = arrangement(df, "customer", None, None)
+    assert shuffles(frame) == 0 and not shuffled and frame.rdd.getNumPartitions() == cores < 8
 
     report = ingest(df, orders_broker, **SEND, **BY_CUSTOMER, progress=False)
 
@@ -152,11 +152,15 @@ def test_a_partitioned_input_is_shuffled_when_its_partitioning_does_not_place_th
     other_column = base.repartition(3, "ts").cache()
     not_cached = base.repartition(3, "customer").select("customer", "ts", "order")
 
-    assert shuffles(arranged(by_customer, "customer", "ts", 2)) == 0  # merged: no rows move
-    assert shuffles(arranged(by_customer, "customer", "ts", 5)) == 1  # more than it has
-    assert shuffles(arranged(other_column, "customer", "ts", None)) == 1
-    # a nullable key with nothing cached to count its nulls from: the shuffle finds them
-    assert shuffles(arranged(not_cached, "customer", "ts", None)) > shuffles(not_cached)
+    def shuffled(df, partitions):
+        frame, said = arrangement(df, "customer", "ts", partitions)
+        assert said == (shuffles(frame) > shuffles(df))  # what the report says is what Spark does
+        return said
+
+    assert not shuffled(by_customer, 2)  # merged: no rows move
+    assert shuffled(by_customer, 5)  # more partitions than it has
+    assert shuffled(other_column, None)
+    assert shuffled(not_cached, None)  # a nullable key, nothing cached to count its nulls from
 
 
 def test_a_null_key_in_an_input_partitioned_by_the_key_is_refused_before_anything_is_sent(
@@ -173,7 +177,7 @@ def test_a_null_key_in_an_input_partitioned_by_the_key_is_refused_before_anythin
     )
 
     with pytest.raises(IngestError, match="2 rows have a null key"):
-        arranged(nulls, "customer", None, None)  # found planning: the rows are not shuffled
+        arrangement(nulls, "customer", None, None)  # found planning: the rows are not shuffled
     with pytest.raises(IngestError, match="2 rows have a null key in column 'customer'"):
         ingest(nulls, refusing_broker, **SEND, **BY_CUSTOMER, progress=False)
 
@@ -460,7 +464,7 @@ def test_keys_spread_over_several_brokers_and_one_audit_covers_them(spark, make_
 def test_without_a_key_each_input_partition_is_one_ordered_dialog(spark, orders_broker):
     df = spark.range(600).select(F.col("id").cast("string").alias("order")).repartition(5).cache()
     cores = spark.sparkContext.defaultParallelism  # 5 partitions, merged whole into this many
-    assert arranged(df, None, None, None).rdd.getNumPartitions() == cores < 5
+    assert arrangement(df, None, None, None)[0].rdd.getNumPartitions() == cores < 5
 
     report = ingest(df, orders_broker, **SEND, message_type="Order", body="order", progress=False)
 
