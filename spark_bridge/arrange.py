@@ -22,9 +22,9 @@ def arrangement(
 
     A null key fails the shuffle's map side, which ends before any partition reaches a sender:
     the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
-    knows holds no nulls). An input already hash-partitioned by the key alone keeps its
-    partitions instead, with no shuffle, when a null key can be ruled out without reading it
-    (`_in_place`). Returns the arranged frame and whether Spark shuffles the rows for it."""
+    knows holds no nulls). A cached input already hash-partitioned by the key alone keeps its
+    partitions instead, with no shuffle (`_in_place`). Returns the arranged frame and whether
+    Spark shuffles the rows for it."""
     from pyspark.sql import functions as F
 
     wanted = partitions or df.sparkSession.sparkContext.defaultParallelism
@@ -44,30 +44,33 @@ def arrangement(
 
 
 def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
-    """`df` partitioned by `key` as it already is, or None (the ingest shuffles). Spark drops the
-    repartition when the input is hash-partitioned by the key alone into that many partitions (a
-    cached `repartition(n, key)`, a bucketed table's read, an aggregation by the key), so each
-    key's rows are already in one partition. A null key must then be ruled out before anything
-    is sent, with no shuffle to find it in: the key's column can hold none (its type says so),
-    or the input is cached, whose column statistics count nulls (a count that reads no rows).
-    More partitions than the ingest wants (`wanted`) are merged
-    whole (`coalesce`: no rows move between executors, and a key's rows stay together): each
-    partition is a sender task, which costs tens of milliseconds to start."""
+    """`df` partitioned by `key` as it already is, or None (the ingest shuffles).
+
+    Only for a cached input hash-partitioned by the key alone: what a cache holds is placed once
+    and for all. (An uncached input's partitioning can change as it runs: adaptive execution may
+    split a skewed join's partition, putting one key's rows in two partitions, whose senders
+    would then each send the key's first rows as its first: some rows never sent. It may do so
+    only where nothing above needs the partitioning, which an ingest's sort does not.) Spark
+    drops the repartition when the cache holds the rows so; a null key is ruled out first, with
+    no shuffle to find it in, by a count the cache's column statistics answer without reading
+    the rows (which also fills the cache if it is not yet: until then Spark plans it as
+    partitioned unknown ways, and keeps the repartition). More partitions than the ingest wants
+    are merged whole (`coalesce`: no rows move between executors, and a key's rows stay
+    together): each partition is a sender task, which costs tens of milliseconds to start."""
     from pyspark.sql import functions as F
 
+    if not original.is_cached:
+        return None
     n = _hash_partitions(original)
     if n is None or wanted > n:
         return None
-    nullable = original.schema[key].nullable
-    if nullable and not original.is_cached:
-        return None  # finding a null would read the whole input: the shuffle finds it
-    if original.is_cached:
-        # also fills the cache if it is not yet: until then Spark plans it as partitioned
-        # unknown ways, and keeps the repartition
-        merged = original.coalesce(wanted)  # a task per partition would cost more than reading
-        nulls = merged.where(F.col(key).isNull()).count() if nullable else merged.count()
-        if nullable and nulls:
+    merged = original.coalesce(wanted)  # a task per partition would cost more than reading
+    if original.schema[key].nullable:
+        nulls = merged.where(F.col(key).isNull()).count()
+        if nulls:
             raise IngestError(null_keys(nulls, key))
+    else:
+        merged.count()  # fills the cache
     placed = df.repartition(n, F.col(key))
     if shuffles(placed) != shuffles(df):  # Spark keeps the repartition: the rows must move
         return None

@@ -160,7 +160,7 @@ def test_a_partitioned_input_is_shuffled_when_its_partitioning_does_not_place_th
     assert not shuffled(by_customer, 2)  # merged: no rows move
     assert shuffled(by_customer, 5)  # more partitions than it has
     assert shuffled(other_column, None)
-    assert shuffled(not_cached, None)  # a nullable key, nothing cached to count its nulls from
+    assert shuffled(not_cached, None)  # its partitioning could still change as it runs
 
 
 def test_a_null_key_in_an_input_partitioned_by_the_key_is_refused_before_anything_is_sent(
