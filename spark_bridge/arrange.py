@@ -3,6 +3,8 @@ in order. Spark plans only (through PySpark and its JVM plan objects); nothing h
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from actors.errors import IngestError
@@ -12,9 +14,20 @@ ORDER_COLUMN = "__raybroker_order"  # the input's own order, when the ingest nam
 NULL_KEY = "raybroker-ingest: null key"  # what the arrangement raises in Spark on a null key
 
 
+@dataclass(frozen=True)
+class Arrangement:
+    """An input arranged for an ingest's senders: `frame`, each partition one sender's rows;
+    `shuffled`: whether Spark moves the rows to arrange them; `partitions`: how many partitions
+    `frame` has (None: as many as the input has, up to the ingest's; ask Spark)."""
+
+    frame: Any
+    shuffled: bool
+    partitions: int | None
+
+
 def arrangement(
-    df: Any, key: str | None, order: str | None, partitions: int | None
-) -> tuple[Any, bool]:
+    df: Any, key: str | None, order: str | None, partitions: int | None, *, shuffle: bool = False
+) -> Arrangement:
     """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
     sorted by (key, order), in `partitions` partitions (default: one per executor core). Without
     a key, each input partition is a key and keeps its order. The reconciliation derives rows'
@@ -23,24 +36,24 @@ def arrangement(
     A null key fails the shuffle's map side, which ends before any partition reaches a sender:
     the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
     knows holds no nulls). A cached input already hash-partitioned by the key alone keeps its
-    partitions instead, with no shuffle (`_in_place`). Returns the arranged frame and whether
-    Spark shuffles the rows for it."""
+    partitions instead, with no shuffle (`_in_place`), unless `shuffle` says otherwise."""
     from pyspark.sql import functions as F
 
     wanted = partitions or df.sparkSession.sparkContext.defaultParallelism
     if key is None:
         # each partition is a sender task, which costs tens of milliseconds to start: more than
         # wanted are merged whole, one after another (a key's rows stay together, in order)
-        return df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted), False
+        return Arrangement(df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted),
+                           False, None)  # fmt: skip
     original = df
     if order is None:
         df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
         order = ORDER_COLUMN
-    placed = _in_place(original, df, key, wanted)
+    placed = None if shuffle else _in_place(original, df, key, wanted)
     if placed is not None:
-        return placed.sortWithinPartitions(key, order), False
+        return Arrangement(placed.sortWithinPartitions(key, order), False, wanted)
     keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
-    return df.repartition(wanted, keyed).sortWithinPartitions(key, order), True
+    return Arrangement(df.repartition(wanted, keyed).sortWithinPartitions(key, order), True, wanted)
 
 
 def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
@@ -51,12 +64,14 @@ def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
     split a skewed join's partition, putting one key's rows in two partitions, whose senders
     would then each send the key's first rows as its first: some rows never sent. It may do so
     only where nothing above needs the partitioning, which an ingest's sort does not.) Spark
-    drops the repartition when the cache holds the rows so; a null key is ruled out first, with
-    no shuffle to find it in, by a count the cache's column statistics answer without reading
-    the rows (which also fills the cache if it is not yet: until then Spark plans it as
-    partitioned unknown ways, and keeps the repartition). More partitions than the ingest wants
-    are merged whole (`coalesce`: no rows move between executors, and a key's rows stay
-    together): each partition is a sender task, which costs tens of milliseconds to start."""
+    drops the repartition when the cache holds the rows so, and then the plan reads the cache
+    alone, with no shuffle (`reads_only_cache`; a DataFrame's own flag says it was cached, not
+    that its cache is still there). A null key is ruled out first, with no shuffle to find it
+    in, by a count the cache's column statistics answer without reading the rows (which also
+    fills the cache if it is not yet: until then Spark plans it as partitioned unknown ways,
+    and keeps the repartition). More partitions than the ingest wants are merged whole
+    (`coalesce`: no rows move between executors, and a key's rows stay together): each
+    partition is a sender task, which costs tens of milliseconds to start."""
     from pyspark.sql import functions as F
 
     if not original.is_cached:
@@ -72,9 +87,21 @@ def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
     else:
         merged.count()  # fills the cache
     placed = df.repartition(n, F.col(key))
-    if shuffles(placed) != shuffles(df):  # Spark keeps the repartition: the rows must move
-        return None
-    return placed if wanted == n else placed.coalesce(wanted)
+    if wanted < n:
+        placed = placed.coalesce(wanted)
+    return placed if reads_only_cache(placed) else None
+
+
+def reads_only_cache(df: Any) -> bool:
+    """Whether Spark's plan for `df` reads nothing but cached data and moves no rows between
+    partitions: no shuffle, and every source a cache's scan."""
+    for node in _nodes(df):
+        name = node.getClass().getSimpleName()
+        if name in _SHUFFLES:
+            return False
+        if node.children().size() == 0 and name not in _CACHE_SCANS:
+            return False
+    return True
 
 
 def _physical(df: Any) -> Any:
@@ -85,6 +112,7 @@ def _physical(df: Any) -> Any:
 
 
 def _unwrapped(plan: Any) -> Any:
+    """Adaptive execution's plan as it stands, for its wrapper; any other plan as it is."""
     if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
         return plan.executedPlan()
     return plan
@@ -104,20 +132,26 @@ def _hash_partitions(df: Any) -> int | None:
 
 def shuffles(df: Any) -> int:
     """The shuffles in `df`'s plan (a cached input's own, already run, are not counted)."""
-    count, todo = 0, [_physical(df)]
+    return sum(node.getClass().getSimpleName() in _SHUFFLES for node in _nodes(df))
+
+
+_SHUFFLES = ("ShuffleExchangeExec", "ShuffleQueryStageExec")  # to run, or run
+_CACHE_SCANS = ("InMemoryTableScanExec", "TableCacheQueryStageExec")  # (the latter: once run)
+
+
+def _nodes(df: Any) -> Iterator[Any]:
+    """The nodes of `df`'s physical plan (through adaptive execution's wrappers; a cache scan's
+    own plan, already run, is not among them)."""
+    todo = [_physical(df)]
     while todo:
-        node = todo.pop()
-        name = node.getClass().getSimpleName()
-        if name == "AdaptiveSparkPlanExec":
-            todo.append(node.executedPlan())
-            continue
-        count += name in ("ShuffleExchangeExec", "ShuffleQueryStageExec")  # to run, or run
+        node = _unwrapped(todo.pop())
+        yield node
         children = node.children()
         todo += [children.apply(i) for i in range(children.size())]
-    return count
 
 
 def null_keys(nulls: int, key: str) -> str:
+    """What an ingest says when `nulls` rows have no key."""
     return (
         f"{nulls:,} rows have a null key in column {key!r}; every row needs a key (fill or drop "
         "them first)"

@@ -231,7 +231,7 @@ def _dry(df: Any, batch_rows: int, plan: bool) -> int:
             n += batch.num_rows
         yield pa.RecordBatch.from_pylist([{"n": n}])
 
-    frame, _ = arrangement(df, "key", "ts", None)
+    frame = arrangement(df, "key", "ts", None).frame
     return sum(r.n for r in frame.mapInArrow(count, "n long").collect())
 
 

@@ -1,13 +1,13 @@
 """Ingest: a Spark DataFrame becomes messages, sent from Spark's executors straight to the brokers.
 
 The rows never pass through the driver. The DataFrame is hash-partitioned by the conversation key
-(unless it already is: `spark_bridge.arrange`) and sorted by key and order within each partition;
-a Python worker on an executor receives each
-partition as Arrow record batches (`mapInArrow`), joins the Ray cluster, and sends the rows in
-batched `apply` calls, several in flight, to the brokers (`spark_bridge.plan` makes the calls).
-Measured on a 2-core machine, streaming a cached 1M-row DataFrame to Python workers this way took
-0.8 s, against 4.1 s for `ray.data.from_spark` plus 0.3 s to iterate the result: this path starts
-sending at once and overlaps Spark with the brokers, so it is the one used.
+(unless it already is: `spark_bridge.arrange`) and sorted by key and order within each
+partition; a Python worker on an executor receives each partition as Arrow record batches
+(`mapInArrow`), joins the Ray cluster, and sends the rows in batched `apply` calls, several in
+flight, to the brokers (`spark_bridge.plan` makes the calls). Measured on a 2-core machine,
+streaming a cached 1M-row DataFrame to Python workers this way took 0.8 s, against 4.1 s for
+`ray.data.from_spark` plus 0.3 s to iterate the result: this path starts sending at once and
+overlaps Spark with the brokers, so it is the one used.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from actors.model.catalog import Contract, MessageType, may_send
 from actors.model.limits import Limits
 from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 
-from .arrange import KEY_COLUMN, NULL_KEY, arrangement, null_keys
+from .arrange import KEY_COLUMN, NULL_KEY, arrangement, null_keys, reads_only_cache
 from .plan import (
     BODY_FORMATS,
     IngestSpec,
@@ -154,10 +154,13 @@ def ingest(
         senders, from_service, to_service, contract, message_type, encryption
     )
     _check_columns(df, body=body, key=key, order=order, group=group)
-    frame, shuffled = arrangement(df, key, order, partitions)
+    arranged = arrangement(df, key, order, partitions)
     import ray
 
-    share = rows_per_s / frame.rdd.getNumPartitions() if rows_per_s else None
+    if rows_per_s:  # shared by the partitions (Spark counts a keyless input's)
+        share = rows_per_s / (arranged.partitions or arranged.frame.rdd.getNumPartitions())
+    else:
+        share = None
     batch_rows = call_rows(batch_rows, share)
     spec = IngestSpec(
         ingest_id=ingest_id,
@@ -186,16 +189,21 @@ def ingest(
         in_flight,
         share,
     )
+    sending = arranged.frame.mapInArrow(send, RESULT_SCHEMA)
+    if key is not None and not arranged.shuffled and not reads_only_cache(sending):
+        # the input's cache went since it was arranged (the plan checked is the plan run)
+        arranged = arrangement(df, key, order, partitions, shuffle=True)
+        sending = arranged.frame.mapInArrow(send, RESULT_SCHEMA)
     show = print_progress if progress is True else progress or None
     try:
         if show:
             with Watcher(meter, spec.run, show, every_s=1.0):
-                out = _collect(frame.mapInArrow(send, RESULT_SCHEMA), df, key)
+                out = _collect(sending, df, key)
             final = best_effort(lambda: ray.get(meter.view.remote(spec.run), timeout=5.0))
             if final is not None:
                 show(final)
         else:
-            out = _collect(frame.mapInArrow(send, RESULT_SCHEMA), df, key)
+            out = _collect(sending, df, key)
     finally:
         best_effort(lambda: meter.end.remote(spec.run))
     rows = sum(r.rows for r in out)
@@ -215,7 +223,7 @@ def ingest(
             for r in out
             if r.rejected_reason is not None
         ],
-        shuffled=shuffled,
+        shuffled=arranged.shuffled,
     )
 
 

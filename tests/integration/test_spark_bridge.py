@@ -9,7 +9,9 @@ import json
 import os
 import signal
 
+import pyarrow as pa
 import pytest
+from pyspark import TaskContext
 from pyspark.sql import functions as F
 
 from actors import Broker, End, IngestError
@@ -129,13 +131,33 @@ def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_b
     assert all(seen == sorted(seen) for seen in by_customer.values())
 
 
+def partitions_of_keys(frame, key: str) -> dict[str, set[int]]:
+    """Which partitions of `frame` hold each key's rows, as Spark runs it (read from the rows,
+    not from the plan)."""
+
+    def seen(batches):
+        pid = TaskContext.get().partitionId()
+        keys = {str(k) for b in batches for k in b.column(key).to_pylist()}
+        yield pa.RecordBatch.from_pylist([{"key": k, "p": pid} for k in keys], schema=SEEN)
+
+    out: dict[str, set[int]] = {}
+    for row in frame.mapInArrow(seen, "key string, p int").collect():
+        out.setdefault(row.key, set()).add(row.p)
+    return out
+
+
+SEEN = pa.schema([("key", pa.string()), ("p", pa.int32())])
+
+
 def test_an_input_already_partitioned_by_the_key_is_sent_without_a_shuffle(spark, orders_broker):
     # cached hash-partitioned by customer into 8 (a nullable column: the cache's statistics rule
     # out a null key), sent in its own order: its partitions are merged whole into one per core
     df = orders_frame(spark, 3000, 40).repartition(8, "customer").cache()
     cores = spark.sparkContext.defaultParallelism
-    frame, shuffled = arrangement(df, "customer", None, None)
-    assert shuffles(frame) == 0 and not shuffled and frame.rdd.getNumPartitions() == cores < 8
+    arranged = arrangement(df, "customer", None, None)
+    assert not arranged.shuffled and shuffles(arranged.frame) == 0
+    assert arranged.frame.rdd.getNumPartitions() == arranged.partitions == cores < 8
+    assert all(len(p) == 1 for p in partitions_of_keys(arranged.frame, "customer").values())
 
     report = ingest(df, orders_broker, **SEND, **BY_CUSTOMER, progress=False)
 
@@ -151,16 +173,25 @@ def test_a_partitioned_input_is_shuffled_when_its_partitioning_does_not_place_th
     by_customer = base.repartition(3, "customer").cache()
     other_column = base.repartition(3, "ts").cache()
     not_cached = base.repartition(3, "customer").select("customer", "ts", "order")
+    # cached, but its cache gone since (a twin of the same plan unpersisted shares its entry):
+    # the flag still says cached, the plan reads the rows afresh
+    gone = base.repartition(4, "customer").cache()
+    gone.count()
+    base.repartition(4, "customer").cache().unpersist()
+    assert gone.is_cached
 
     def shuffled(df, partitions):
-        frame, said = arrangement(df, "customer", "ts", partitions)
-        assert said == (shuffles(frame) > shuffles(df))  # what the report says is what Spark does
-        return said
+        arranged = arrangement(df, "customer", "ts", partitions)
+        # what the report says is what Spark does, and each key is in one partition either way
+        assert arranged.shuffled == (shuffles(arranged.frame) > 0)
+        assert all(len(p) == 1 for p in partitions_of_keys(arranged.frame, "customer").values())
+        return arranged.shuffled
 
     assert not shuffled(by_customer, 2)  # merged: no rows move
     assert shuffled(by_customer, 5)  # more partitions than it has
     assert shuffled(other_column, None)
-    assert shuffled(not_cached, None)  # its partitioning could still change as it runs
+    assert shuffled(not_cached, None)  # not cached: whatever its plan says
+    assert shuffled(gone, None)
 
 
 def test_a_null_key_in_an_input_partitioned_by_the_key_is_refused_before_anything_is_sent(
@@ -464,7 +495,7 @@ def test_keys_spread_over_several_brokers_and_one_audit_covers_them(spark, make_
 def test_without_a_key_each_input_partition_is_one_ordered_dialog(spark, orders_broker):
     df = spark.range(600).select(F.col("id").cast("string").alias("order")).repartition(5).cache()
     cores = spark.sparkContext.defaultParallelism  # 5 partitions, merged whole into this many
-    assert arrangement(df, None, None, None)[0].rdd.getNumPartitions() == cores < 5
+    assert arrangement(df, None, None, None).frame.rdd.getNumPartitions() == cores < 5
 
     report = ingest(df, orders_broker, **SEND, message_type="Order", body="order", progress=False)
 
