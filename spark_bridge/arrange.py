@@ -76,7 +76,7 @@ def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:
 
     if not original.is_cached:
         return None
-    n = _hash_partitions(original)
+    n = _hash_partitions(original, key)
     if n is None or wanted > n:
         return None
     merged = original.coalesce(wanted)  # a task per partition would cost more than reading
@@ -118,16 +118,21 @@ def _unwrapped(plan: Any) -> Any:
     return plan
 
 
-def _hash_partitions(df: Any) -> int | None:
-    """How many partitions `df` is hash-partitioned into, if it is (by whatever columns); for a
-    cached input, the partitioning of the plan its cache holds."""
+def _hash_partitions(df: Any, key: str) -> int | None:
+    """How many partitions `df` is hash-partitioned into by the column `key` alone, if it is;
+    for a cached input, the partitioning of the plan its cache holds. (A hint, to spare the
+    null count when it cannot help: `reads_only_cache` decides.)"""
     plan = _physical(df)
     partitioning = plan.outputPartitioning()
     if plan.getClass().getSimpleName() == "InMemoryTableScanExec":
         partitioning = _unwrapped(plan.relation().cachedPlan()).outputPartitioning()
     if partitioning.getClass().getSimpleName() != "HashPartitioning":
         return None
-    return int(partitioning.numPartitions())
+    by = partitioning.expressions()
+    column = by.apply(0) if by.size() == 1 else None
+    if column is None or column.getClass().getSimpleName() != "AttributeReference":
+        return None
+    return int(partitioning.numPartitions()) if column.name() == key else None
 
 
 def shuffles(df: Any) -> int:
