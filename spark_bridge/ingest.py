@@ -112,11 +112,11 @@ def ingest(
     the key), or a `RouterSet`: its initiators send, to its routing service unless
     `to_service` names another. `body`: the column holding each body (binary, string, or a
     struct/list/map encoded as `body_format` "json" or "msgpack"). `key`: one dialog per
-    distinct value (default: one per input partition, whose partitions are merged whole into
-    at most `partitions`); `order`: the column that orders a key's
+    distinct value (default: one per input partition); `order`: the column that orders a key's
     rows (default: the input's order); `group`: dialogs with the same value share a
     conversation group. `partitions`: how many partitions (each a sender task) the rows are
-    arranged in (default: one per executor core). `ingest_id` names the ingest (a fresh one by
+    arranged in (default: one per executor core; a keyless input's beyond that are merged
+    whole). `ingest_id` names the ingest (a fresh one by
     default): run again with the same id, it sends nothing twice. `progress`: True prints rows
     and rows/s to stderr, a callable receives each view, False shows nothing.
     `encryption`: the dialogs' ENCRYPTION (`actors.Begin`): on, they leave the sending broker
