@@ -1,7 +1,7 @@
 """Ingest: a Spark DataFrame becomes messages, sent from Spark's executors straight to the brokers.
 
 The rows never pass through the driver. The DataFrame is hash-partitioned by the conversation key
-(unless it already is: `spark_bridge.arrange`) and sorted by key and order within each
+(unless it already is: `spark_bridge.arrange`) and sorted by key rank, key and order within each
 partition; a Python worker on an executor receives each partition as Arrow record batches
 (`mapInArrow`), joins the Ray cluster, and sends the rows in batched `apply` calls, several in
 flight, to the brokers (`spark_bridge.plan` makes the calls). Measured on a 2-core machine,
@@ -33,11 +33,14 @@ from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 from .arrange import KEY_COLUMN, NULL_KEY, arrangement, null_keys, reads_only_cache
 from .plan import (
     BODY_FORMATS,
+    DIGEST_IDS,
+    RANKED_IDS,
     IngestSpec,
     Pace,
     PartitionPlanner,
     call_rows,
     check_ingest_id,
+    ids_of,
 )
 from .progress import BOARD, Tally, Watcher, best_effort, board, print_progress
 
@@ -132,6 +135,7 @@ def ingest(
     the brokers more than their rows do).
     """
     started = time.monotonic()
+    rerun = ingest_id is not None  # (an id of its own is fresh: no dialog can have it yet)
     ingest_id = check_ingest_id(uuid.uuid4().hex if ingest_id is None else ingest_id)
     senders = _senders(brokers)
     to_service = _target(brokers, to_service)
@@ -178,6 +182,7 @@ def ingest(
         max_body_bytes=limits.max_body_bytes,
         call_bytes=min(IngestSpec.call_bytes, limits.max_call_bytes // 2),
         encryption=encryption,
+        ids=_dialog_ids(senders, ingest_id) if rerun else RANKED_IDS,
     )
 
     meter = board(NAMESPACE)
@@ -365,6 +370,18 @@ def _senders(brokers: Any) -> list[Any]:
             "or a RouterSet"
         )
     return out
+
+
+def _dialog_ids(senders: Sequence[Any], ingest_id: str) -> int:
+    """How an ingest run again names its dialogs: as its runs before did (`plan.dialog_id`), so
+    that it finds them and sends nothing twice; a run by a release before ranked ids left digest
+    ids. Its dialogs are all begun `if_absent`, so each sender remembers every one, live or
+    ended (`rerunnable`), and a digest id sorts before every ranked id of the same ingest."""
+    for b in senders:
+        first = b.rerunnable(after=f"{ingest_id}/", limit=1)
+        if first and ids_of(first[0]["conversation_handle"], ingest_id) == DIGEST_IDS:
+            return DIGEST_IDS
+    return RANKED_IDS
 
 
 def _target(brokers: Any, to_service: str | None) -> str:

@@ -17,8 +17,8 @@ from typing import Any
 
 from actors.model.catalog import SYSTEM_TYPES
 
-from .arrange import KEY_COLUMN, ORDER_COLUMN
-from .plan import KEY_DIGEST, check_ingest_id
+from .arrange import KEY_COLUMN, ORDER_COLUMN, rank_of
+from .plan import DIGEST_IDS, KEY_DIGEST, RANK_MARK, RANKED_IDS, check_ingest_id
 
 MAX_KEYS_SHOWN = 100
 
@@ -78,8 +78,10 @@ def expected_rows(
     key: str | None,
     order: str | None,
     rejected: Iterable[Mapping[str, Any]] = (),
+    ids: int = RANKED_IDS,
 ) -> Any:
-    """The input as the ingest numbered it: (key, conversation_id, sequence_number) per row sent."""
+    """The input as the ingest numbered it: (key, conversation_id, sequence_number) per row sent;
+    `ids`: how the ingest made its dialog ids (`plan.dialog_id`)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -99,15 +101,31 @@ def expected_rows(
     if out:
         gone = spark.createDataFrame(out, "key string, position long")
         rows = rows.join(gone, ["key", "position"], "left_anti")
+    digest = F.substring(F.sha2(F.col("key"), 256), 1, KEY_DIGEST)
+    if ids == DIGEST_IDS:
+        conversation_id = F.concat(F.lit(f"{ingest_id}/"), digest)
+    else:
+        rank = F.lpad(F.lower(F.hex(rank_of("key"))), 8, "0")
+        conversation_id = F.concat(F.lit(f"{ingest_id}/{RANK_MARK}"), rank, digest)
     return rows.select(
         "key",
-        F.concat(
-            F.lit(f"{ingest_id}/"), F.substring(F.sha2(F.col("key"), 256), 1, KEY_DIGEST)
-        ).alias("conversation_id"),
+        conversation_id.alias("conversation_id"),
         (F.row_number().over(Window.partitionBy("key").orderBy("position")) - 1).alias(
             "sequence_number"
         ),
     )
+
+
+def _ids_in(audit: Any, ingest_id: str) -> int:
+    """How the ingest's dialog ids were made, as its records in the audit show: DIGEST_IDS by a
+    release before ranked ids (`plan.dialog_id`) when any id is of that kind."""
+    from pyspark.sql import functions as F
+
+    cid = F.col("conversation_id")
+    # digest ids go on with a hex digit after the "/", ranked ones with RANK_MARK
+    old = (cid >= f"{ingest_id}/0") & (cid < f"{ingest_id}/g")
+    old = old & (F.length(cid) == len(ingest_id) + 1 + KEY_DIGEST)
+    return DIGEST_IDS if audit.filter(old).limit(1).count() else RANKED_IDS
 
 
 def reconcile(
@@ -133,7 +151,8 @@ def reconcile(
     if hasattr(audit, "df"):  # an AuditRead
         audit_complete = audit_complete and audit.complete
         audit = audit.df
-    expected = expected_rows(df, ingest_id, key, order, rejected).cache()
+    expected = expected_rows(df, ingest_id, key, order, rejected, _ids_in(audit, ingest_id))
+    expected = expected.cache()
     side = ~F.col("from_initiator") if replies else F.col("from_initiator")
     ours = audit.filter(
         side

@@ -373,6 +373,12 @@ class Verbs:
         a page for the next; `dialogs()` counts them all)."""
         return self._call("view", "endpoints", {"after": after, "limit": limit})
 
+    def rerunnable(self, after: str | None = None, limit: int = 10_000) -> Any:
+        """The dialogs begun with `if_absent` (`Begin`) that a re-run of their Begin would find,
+        live or ended and remembered, as [{"conversation_handle", "ended_at"}] in handle order:
+        the first `limit` after handle `after` (None while the dialog lives)."""
+        return self._call("view", "rerunnable", {"after": after, "limit": limit})
+
     def dialogs(self) -> Any:
         """{"by_state": {state: endpoints}, "secured": n, "counted_at": t}: how many dialog
         endpoints are in each state. On a broker with millions, the count may be a little old

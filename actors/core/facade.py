@@ -136,6 +136,11 @@ class BrokerCore:
     ) -> list[dict[str, Any]]:
         return views.endpoints(self.state, after, limit)
 
+    def rerunnable_view(
+        self, after: str | None = None, limit: int = views.VIEW_PAGE
+    ) -> list[dict[str, Any]]:
+        return views.rerunnable(self.store, after, limit)
+
     def dialogs_view(self) -> dict[str, Any]:
         return views.dialogs(self.state, self.store, self.uow.clock())
 

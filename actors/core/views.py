@@ -55,6 +55,19 @@ def endpoints(
     ]
 
 
+def rerunnable(
+    store: Store, after: str | None = None, limit: int = VIEW_PAGE
+) -> list[dict[str, Any]]:
+    """The dialogs begun with `if_absent` that a re-run of their Begin finds, in handle order (a
+    page after handle `after`): live, or ended and remembered (`ended_retention_s`), so that the
+    re-run begins nothing again."""
+    _cursor("conversation handle", after, limit)
+    return [
+        {"conversation_handle": handle, "ended_at": ended_at}
+        for handle, ended_at in store.reruns_after(after, limit)
+    ]
+
+
 def dialogs(state: BrokerState, store: Store, now: float) -> dict[str, Any]:
     """How many dialog endpoints are in each state and how many are secured, counted in the
     store; counting millions takes a while, so a count is reused a while (actors.core.recount)."""

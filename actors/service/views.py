@@ -44,6 +44,7 @@ class ViewVerbs:
         views = {
             "definitions": self.core.definitions,
             "endpoints": self.core.endpoints_view,
+            "rerunnable": self.core.rerunnable_view,
             "dialogs": self.core.dialogs_view,
             "queue": self.core.queue_view,
             "queues": self._queues_view,

@@ -62,6 +62,14 @@ class EndedTraces:
             rows,
         )
 
+    def reruns_after(self, handle: str | None, limit: int) -> list[tuple[str, float | None]]:
+        """(handle, ended at or None while it lives) of the first `limit` dialogs begun with
+        `if_absent` whose handle sorts after `handle`, in handle order: a view's page."""
+        return self.db.execute(
+            "SELECT handle, ended_at FROM rerunnable WHERE handle > ? ORDER BY handle LIMIT ?",
+            (handle or "", limit),
+        ).fetchall()
+
     def forget_reruns(self, handles: Iterable[str]) -> None:
         self.db.executemany("DELETE FROM rerunnable WHERE handle=?", ((h,) for h in handles))
 

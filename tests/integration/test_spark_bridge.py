@@ -14,11 +14,12 @@ import pytest
 from pyspark import TaskContext
 from pyspark.sql import functions as F
 
-from actors import Broker, End, IngestError
+from actors import Begin, Broker, End, IngestError
 from actors.errors import UnknownMessageType
+from actors.model.catalog import MessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
 from spark_bridge.arrange import arrangement, shuffles
-from spark_bridge.plan import dialog_id
+from spark_bridge.plan import DIGEST_IDS, IngestSpec, PartitionPlanner, dialog_id
 from tests.polling import wait_until
 
 from .conftest import define_orders, in_own_process
@@ -147,6 +148,7 @@ def partitions_of_keys(frame, key: str) -> dict[str, set[int]]:
 
 
 SEEN = pa.schema([("key", pa.string()), ("p", pa.int32())])
+MET = pa.schema([("p", pa.int32()), ("keys", pa.string())])
 
 
 def test_an_input_already_partitioned_by_the_key_is_sent_without_a_shuffle(spark, orders_broker):
@@ -337,6 +339,61 @@ def test_an_ingest_run_again_after_its_dialogs_ended_and_went_sends_nothing_twic
     assert b.endpoints() == [] and b.queues()["FulfilmentQueue"]["depth"] == 0
     result = reconcile(audit_frame(spark, b), df, ingest_id="purged-1", key="customer", order="ts")
     assert result.ok and result.delivered == 600
+
+
+def test_each_partition_meets_its_keys_in_the_order_of_their_dialog_ids(spark):
+    """Spark's rank (`arrange.rank_of`) is the planner's (`plan.key_rank`), for text and whole
+    number keys: a sender begins its dialogs in id order, so the brokers' indexes grow at an end."""
+    texts = orders_frame(spark, 3000, 300)
+    numbers = texts.withColumn("customer", F.col("customer").cast("long"))
+
+    def keys_in_order(batches):
+        pid, keys = TaskContext.get().partitionId(), []
+        for b in batches:
+            for k in b.column("customer").to_pylist():
+                if not keys or keys[-1] != str(k):
+                    keys.append(str(k))
+        yield pa.RecordBatch.from_pylist([{"p": pid, "keys": json.dumps(keys)}], schema=MET)
+
+    for df in (texts, numbers):
+        frame = arrangement(df, "customer", "ts", None).frame
+        parts = frame.mapInArrow(keys_in_order, "p int, keys string").collect()
+        met = [json.loads(r["keys"]) for r in parts]
+        assert sorted(k for keys in met for k in keys) == sorted(str(i) for i in range(300))
+        for keys in met:
+            ids = [dialog_id("i", k) for k in keys]
+            assert ids == sorted(ids)
+
+
+def test_an_ingest_begun_by_an_earlier_release_is_finished_without_sending_a_row_twice(
+    spark, orders_broker
+):
+    """An earlier release named an ingest's dialogs by the key's digest alone (`DIGEST_IDS`).
+    Its run, interrupted after half the keys, is run again by this one with the same id: it
+    finds those dialogs, sends only the rows they lack, and the reconciliation reads the
+    digest ids from the audit."""
+    df = orders_frame(spark, 1200, 12)
+    rows = df.select("customer", "ts", F.to_json("order").alias("order")).toPandas()
+    table = pa.Table.from_pandas(rows.sort_values(["customer", "ts"]), preserve_index=False)
+    spec = IngestSpec(ingest_id="old-1", run="r1", **SEND, message_type=MessageType("Order"),
+                      body="order", key="customer", batch_rows=50, ids=DIGEST_IDS)  # fmt: skip
+    planner, half = PartitionPlanner(spec), {str(i) for i in range(6)}
+    for batch in table.to_batches(max_chunksize=100):
+        for call in planner.calls(batch):
+            keys = {op.handle for op in call.ops if isinstance(op, Begin)}
+            if keys <= {dialog_id("old-1", k, DIGEST_IDS) for k in half}:
+                orders_broker.apply(call.ops, request_id=call.request_id)
+    assert orders_broker.queues()["FulfilmentQueue"]["depth"] == 600
+
+    again = ingest(df, orders_broker, **SEND, **ORDER_COLUMNS, ingest_id="old-1", progress=False)
+
+    assert (again.rows, again.sent, again.dialogs) == (1200, 600, 12)
+    handles = {r["conversation_handle"] for r in orders_broker.rerunnable()}
+    assert handles == {dialog_id("old-1", str(i), DIGEST_IDS) for i in range(12)}
+    assert sorted(o["id"] for o in drain(orders_broker)) == list(range(1200))
+    result = reconcile(audit_frame(spark, orders_broker), df, ingest_id="old-1", key="customer",
+                       order="ts")  # fmt: skip
+    assert result.ok and result.delivered == 1200
 
 
 def test_a_sender_killed_mid_ingest_and_the_rerun_deliver_exactly_once(spark, orders_broker):

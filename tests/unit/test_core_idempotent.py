@@ -246,3 +246,23 @@ def test_a_plain_begin_on_the_handle_of_a_dialog_that_went_drops_what_was_rememb
     again = core.apply([INGEST, Send(INGEST.handle, "Req", [b"a"], at=0)])
 
     assert again["sent"] == 1 and [m.body for m in receive_all(core, "TargetQ")] == [b"a"]
+
+
+def test_the_rerunnable_view_lists_dialogs_begun_if_absent_live_and_ended_in_handle_order(
+    core, core_clock
+):
+    live = Begin("Init", "Target", "C", handle="ingest/k1", conversation_id="c1", if_absent=True)
+    core.apply([live, Send(live.handle, "Req", [b"x"], at=0)])
+    core.apply([Begin("Init", "Target", "C", handle="ingest/plain")])  # not begun if absent
+    _both_ends_gone(core, core_clock, INGEST, [b"a"])
+
+    rows = core.rerunnable_view()
+
+    assert [r["conversation_handle"] for r in rows] == ["ingest/k1", "ingest/k3"]
+    assert rows[0]["ended_at"] is None and rows[1]["ended_at"] == pytest.approx(core_clock())
+    assert [r["conversation_handle"] for r in core.rerunnable_view(after="ingest/k1")] == [
+        "ingest/k3"
+    ]
+    assert core.rerunnable_view(limit=1) == rows[:1]
+    with pytest.raises(InvalidArgument, match="after must be a conversation handle"):
+        core.rerunnable_view(after=3)

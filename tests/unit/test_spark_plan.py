@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import zlib
 from collections import defaultdict
 
 import msgpack
@@ -18,7 +19,9 @@ from actors.calls.envelope import MAX_HANDLE, Begin, Send
 from actors.errors import InvalidArgument
 from actors.model.catalog import MessageType
 from spark_bridge.plan import (
+    DIGEST_IDS,
     MAX_INGEST_ID,
+    RANKED_IDS,
     IngestSpec,
     Pace,
     PartitionPlanner,
@@ -29,6 +32,8 @@ from spark_bridge.plan import (
     dialog_id,
     encode_bodies,
     group_id,
+    ids_of,
+    key_rank,
     key_text,
     request_id,
     slices,
@@ -149,10 +154,46 @@ def test_slices_cover_every_index_once_within_bounds_and_cut_only_when_needed(
 # --- dialog ids and brokers --------------------------------------------------------------------
 
 
-def test_dialog_id_is_the_ingest_id_and_the_keys_sha256_as_spark_computes_it():
-    expected = "ing1/" + hashlib.sha256("kéy".encode()).hexdigest()[:32]
-    assert dialog_id("ing1", "kéy") == expected
+def test_dialog_id_is_the_ingest_id_the_keys_crc32_and_sha256_as_spark_computes_them():
+    digest = hashlib.sha256("kéy".encode()).hexdigest()[:32]
+    rank = f"{zlib.crc32('kéy'.encode()):08x}"
+    assert dialog_id("ing1", "kéy") == f"ing1/k{rank}{digest}"
     assert dialog_id("ing1", "kéy") == dialog_id("ing1", "kéy")
+    assert dialog_id("ing1", "kéy", DIGEST_IDS) == f"ing1/{digest}"  # as earlier releases made
+
+
+def test_dialog_ids_sort_as_their_keys_ranks_so_a_sender_begins_them_in_order():
+    keys = [str(i) for i in range(500)] + [f"customer-{i}" for i in range(500)]
+    by_rank = sorted(keys, key=lambda k: (key_rank(k), k))
+
+    ids = [dialog_id("ing1", k) for k in by_rank]
+
+    # equal ranks (CRC-32 collides now and then) may sort either way: a local swap, no more
+    ranks = [key_rank(k) for k in by_rank]
+    pairs = enumerate(zip(ids, ids[1:], strict=False))
+    assert all(a <= b or ranks[i] == ranks[i + 1] for i, (a, b) in pairs)
+    assert len(set(ids)) == len(keys)
+
+
+def test_ids_of_tells_the_kind_of_a_dialog_id_and_of_nothing_else():
+    for kind in (DIGEST_IDS, RANKED_IDS):
+        assert ids_of(dialog_id("ing1", "k", kind), "ing1") == kind
+        assert ids_of(dialog_id("ing1", "k", kind), "ing") is None  # another ingest's
+    for other in ("ing1/", "ing1/g/" + "0" * 32, "ing1/" + "A" * 32, "x/" + "0" * 32, "ing1"):
+        assert ids_of(other, "ing1") is None
+    # every digest id of an ingest sorts before every ranked one (`spark_bridge.ingest`)
+    assert dialog_id("ing1", "k", DIGEST_IDS) < dialog_id("ing1", "k")
+    assert dialog_id("ing1", "zz" * 50, DIGEST_IDS) < dialog_id("ing1", "0")
+
+
+@pytest.mark.parametrize("kind", [DIGEST_IDS, RANKED_IDS])
+def test_the_planner_names_its_dialogs_as_its_spec_says(kind):
+    spec = make_spec(ids=kind)
+    calls = list(PartitionPlanner(spec).calls(make_batch([("a", b"1"), ("b", b"2")])))
+
+    begun = [op.handle for c in calls for op in c.ops if isinstance(op, Begin)]
+
+    assert begun == [dialog_id("ing1", "a", kind), dialog_id("ing1", "b", kind)]
 
 
 def test_dialog_id_differs_per_key_and_per_ingest_id():
