@@ -11,6 +11,9 @@ workload. Prints CPU microseconds per message.
 - `bulk-one-conversation` and `bulk-spread`: rounds of one call sending 1,000 messages, on one
   conversation (the next one each round) or 10 on each of the 100, then receives of up to 16
   groups, each committing what the one before took, until all 1,000 are committed.
+- `ingest-dialogs` and `ingest-digest-dialogs`: as `new-dialogs`, each dialog begun `if_absent`
+  under an id an ingest makes (`spark_bridge.plan.dialog_id`) for keys 0, 1, 2, ... in the order
+  a sender meets them: ranked ids (in that order) or the digest ids of earlier releases (in none).
 
 CPU time on a shared machine drifts by 2x from run to run; instruction counts do not. To count
 them, run it under callgrind with two sizes and divide the difference by the messages between:
@@ -150,6 +153,28 @@ def new_dialogs(client: Client, handles: list[str], lines: int = 3) -> Round:
     return one_round
 
 
+def ingest_dialogs(kind: int) -> Callable[[Client, list[str]], Round]:
+    """`new_dialogs` with an ingest's dialog ids of `kind`, its keys met in rank order."""
+    from spark_bridge.plan import dialog_id, key_rank
+
+    def shape(client: Client, handles: list[str]) -> Round:
+        # a sender meets its keys in rank order over the whole ingest (enough for 2,000 rounds)
+        keys = iter(sorted(map(str, range(2000 * len(handles))), key=key_rank))
+
+        async def one_round() -> None:
+            ops: list = []
+            for key in itertools.islice(keys, len(handles)):
+                h = dialog_id("ingest", key, kind)
+                begin = Begin("Init", "T", handle=h, conversation_id=h, if_absent=True)
+                ops += [begin, Send(h, "DEFAULT", [bytes(100)] * 3, at=0)]
+            await client.calls([("apply", (pack_ops(ops), None))])
+            await _receive_all(client, 3 * len(handles))
+
+        return one_round
+
+    return shape
+
+
 BULK_PER = 10  # bulk: messages per conversation per round (spread), 1,000 a round in all
 SHAPES: dict[str, Callable[[Client, list[str]], Round]] = {
     "many-clients": many_clients,
@@ -157,9 +182,12 @@ SHAPES: dict[str, Callable[[Client, list[str]], Round]] = {
     "bulk-one-conversation": lambda client, handles: bulk(client, handles, spread=False),
     "bulk-spread": lambda client, handles: bulk(client, handles, spread=True),
     "new-dialogs": new_dialogs,
+    "ingest-dialogs": ingest_dialogs(2),
+    "ingest-digest-dialogs": ingest_dialogs(1),
 }
 PER_ROUND = dict.fromkeys(("bulk-one-conversation", "bulk-spread"), BULK_PER * CONVERSATIONS)
-PER_ROUND["new-dialogs"] = 3 * CONVERSATIONS
+for name in ("new-dialogs", "ingest-dialogs", "ingest-digest-dialogs"):
+    PER_ROUND[name] = 3 * CONVERSATIONS
 
 
 async def measure(rounds: int, shape: str = "many-clients") -> float:
