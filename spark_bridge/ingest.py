@@ -376,12 +376,19 @@ def _dialog_ids(senders: Sequence[Any], ingest_id: str) -> int:
     """How an ingest run again names its dialogs: as its runs before did (`plan.dialog_id`), so
     that it finds them and sends nothing twice; a run by a release before ranked ids left digest
     ids. Its dialogs are all begun `if_absent`, so each sender remembers every one, live or
-    ended (`rerunnable`), and a digest id sorts before every ranked id of the same ingest."""
+    ended (`rerunnable`), and digest ids sort first, before "<ingest id>/g" (a few dialogs of
+    other names a caller may have begun there are passed over)."""
     for b in senders:
-        first = b.rerunnable(after=f"{ingest_id}/", limit=1)
-        if first and ids_of(first[0]["conversation_handle"], ingest_id) == DIGEST_IDS:
-            return DIGEST_IDS
+        for row in b.rerunnable(after=f"{ingest_id}/", limit=PROBED):
+            handle = row["conversation_handle"]
+            if handle >= f"{ingest_id}/g":
+                break
+            if ids_of(handle, ingest_id) == DIGEST_IDS:
+                return DIGEST_IDS
     return RANKED_IDS
+
+
+PROBED = 100  # dialogs a re-run reads from each sender to tell how its dialogs are named
 
 
 def _target(brokers: Any, to_service: str | None) -> str:
