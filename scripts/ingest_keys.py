@@ -17,13 +17,11 @@ import uuid
 
 from pyspark.sql import functions as F
 
-from actors import Contract, MessageType, Queue, Service, start_broker
+from actors import start_broker
 from actors.remote.runtime import ensure_ray
+from spark_bridge.bench import COLUMNS, SEND, define
 from spark_bridge.ingest import ingest
 from spark_bridge.session import spark_session
-
-SEND = {"from_service": "Loader", "to_service": "Sink", "contract": "Load", "message_type": "Row"}
-COLUMNS = {"body": "body", "key": "key", "order": "ts"}
 
 
 def main() -> None:
@@ -35,10 +33,7 @@ def main() -> None:
         for i in range(runs + 1):  # the first, a tenth of the rows, warms Spark's workers
             n = rows if i else max(per_key, rows // 10)
             broker = start_broker(f"ingest-keys-{uuid.uuid4().hex[:6]}", f"{tmp}/b{i}.sqlite")
-            for definition in (MessageType("Row"), Contract("Load", {"Row": "initiator"}),
-                               Queue("LoaderQ"), Queue("SinkQ"), Service("Loader", "LoaderQ"),
-                               Service("Sink", "SinkQ", ["Load"])):  # fmt: skip
-                broker.create(definition)
+            define(broker)
             body = F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * 88))
             key = (F.col("id") / per_key).cast("long")
             ts = F.col("id").alias("ts")

@@ -36,6 +36,7 @@ KEYS = 1000
 BODY_BYTES = 100
 IN_FLIGHT = 4
 SEND = {"from_service": "Loader", "to_service": "Sink", "contract": "Load"}
+COLUMNS = {"message_type": "Row", "body": "body", "key": "key", "order": "ts"}  # of its frames
 
 
 def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Report:
@@ -55,7 +56,7 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
     with tempfile.TemporaryDirectory(prefix="raybroker-bench-") as tmp, spark_session() as spark:
         broker = start_broker(f"bench-ingest-{uuid.uuid4().hex[:8]}", os.path.join(tmp, "b.db"))
         try:
-            _define(broker)
+            define(broker)
             progress(f"caching {rows:,} rows in Spark")
             df = _frame(spark, rows)
             df.count()
@@ -64,7 +65,7 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
             # one measured first does not pay that alone
             progress("warm-up: a tenth of the rows through the ingest and the driver loop")
             warm = _frame(spark, max(10_000, rows // 10))
-            ingest(warm, broker, **SEND, **_cols(), progress=False)
+            ingest(warm, broker, **SEND, **COLUMNS, progress=False)
             _drain(broker, None)
             _driver_loop(broker, warm, batch_rows)
             _drain(broker, None)
@@ -147,21 +148,18 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
 def _timed_ingest(df: Any, broker: Any, batch_rows: int) -> tuple[Any, float]:
     """An ingest of `df`'s rows: its report, and rows a second from the call to its return."""
     t0 = time.perf_counter()
-    rep = ingest(df, broker, **SEND, **_cols(), batch_rows=batch_rows, progress=False)
+    rep = ingest(df, broker, **SEND, **COLUMNS, batch_rows=batch_rows, progress=False)
     return rep, rep.rows / (time.perf_counter() - t0)
 
 
-def _define(broker: Any) -> None:
+def define(broker: Any) -> None:
+    """The bench's catalog on `broker`: Loader sends Row messages to Sink."""
     broker.create(MessageType("Row"))
     broker.create(Contract("Load", {"Row": "initiator"}))
     broker.create(Queue("LoaderQ"))
     broker.create(Queue("SinkQ"))
     broker.create(Service("Loader", "LoaderQ"))
     broker.create(Service("Sink", "SinkQ", ["Load"]))
-
-
-def _cols() -> dict[str, str]:
-    return {"message_type": "Row", "body": "body", "key": "key", "order": "ts"}
 
 
 def _frame(spark: Any, rows: int) -> Any:

@@ -40,6 +40,7 @@ from .plan import (
     PartitionPlanner,
     call_rows,
     check_ingest_id,
+    digest_span,
     ids_of,
 )
 from .progress import BOARD, Tally, Watcher, best_effort, board, print_progress
@@ -376,12 +377,13 @@ def _dialog_ids(senders: Sequence[Any], ingest_id: str) -> int:
     """How an ingest run again names its dialogs: as its runs before did (`plan.dialog_id`), so
     that it finds them and sends nothing twice; a run by a release before ranked ids left digest
     ids. Its dialogs are all begun `if_absent`, so each sender remembers every one, live or
-    ended (`rerunnable`), and digest ids sort first, before "<ingest id>/g" (a few dialogs of
-    other names a caller may have begun there are passed over)."""
+    ended (`rerunnable`), and digest ids sort first (`digest_span`; a few dialogs of other
+    names a caller may have begun among them are passed over)."""
+    end = digest_span(ingest_id)[1]
     for b in senders:
         for row in b.rerunnable(after=f"{ingest_id}/", limit=PROBED):
             handle = row["conversation_handle"]
-            if handle >= f"{ingest_id}/g":
+            if handle >= end:
                 break
             if ids_of(handle, ingest_id) == DIGEST_IDS:
                 return DIGEST_IDS

@@ -116,6 +116,12 @@ def broker_of(key: str, brokers: int) -> int:
 assert len(dialog_id("x" * MAX_INGEST_ID, "k")) <= MAX_HANDLE
 
 
+def digest_span(ingest_id: str) -> tuple[str, str]:
+    """The handles the digest ids of `ingest_id` lie between (the first, and one past the last):
+    a hex digit follows the "/", where a ranked id has RANK_MARK, which sorts after them."""
+    return f"{ingest_id}/0", f"{ingest_id}/g"
+
+
 def ids_of(handle: str, ingest_id: str) -> int | None:
     """How `handle`, a dialog id of ingest `ingest_id`, was made (`dialog_id`); None: it is
     not one."""

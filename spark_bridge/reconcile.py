@@ -18,7 +18,7 @@ from typing import Any
 from actors.model.catalog import SYSTEM_TYPES
 
 from .arrange import KEY_COLUMN, ORDER_COLUMN, rank_of
-from .plan import DIGEST_IDS, KEY_DIGEST, RANK_MARK, RANKED_IDS, check_ingest_id
+from .plan import DIGEST_IDS, KEY_DIGEST, RANK_MARK, RANKED_IDS, check_ingest_id, digest_span
 
 MAX_KEYS_SHOWN = 100
 
@@ -122,9 +122,8 @@ def _ids_in(audit: Any, ingest_id: str) -> int:
     from pyspark.sql import functions as F
 
     cid = F.col("conversation_id")
-    # digest ids go on with a hex digit after the "/", ranked ones with RANK_MARK
-    old = (cid >= f"{ingest_id}/0") & (cid < f"{ingest_id}/g")
-    old = old & (F.length(cid) == len(ingest_id) + 1 + KEY_DIGEST)
+    first, end = digest_span(ingest_id)
+    old = (cid >= first) & (cid < end) & (F.length(cid) == len(ingest_id) + 1 + KEY_DIGEST)
     return DIGEST_IDS if audit.filter(old).limit(1).count() else RANKED_IDS
 
 

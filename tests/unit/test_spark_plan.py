@@ -30,6 +30,7 @@ from spark_bridge.plan import (
     call_rows,
     check_ingest_id,
     dialog_id,
+    digest_span,
     encode_bodies,
     group_id,
     ids_of,
@@ -184,6 +185,8 @@ def test_ids_of_tells_the_kind_of_a_dialog_id_and_of_nothing_else():
     # every digest id of an ingest sorts before every ranked one (`spark_bridge.ingest`)
     assert dialog_id("ing1", "k", DIGEST_IDS) < dialog_id("ing1", "k")
     assert dialog_id("ing1", "zz" * 50, DIGEST_IDS) < dialog_id("ing1", "0")
+    first, end = digest_span("ing1")
+    assert first <= dialog_id("ing1", "k", DIGEST_IDS) < end <= dialog_id("ing1", "0")
 
 
 @pytest.mark.parametrize("kind", [DIGEST_IDS, RANKED_IDS])
