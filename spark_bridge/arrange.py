@@ -29,8 +29,8 @@ def arrangement(
     df: Any, key: str | None, order: str | None, partitions: int | None, *, shuffle: bool = False
 ) -> Arrangement:
     """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
-    sorted by (rank, key, order) (`rank_of`: so a sender meets its keys in the order of their
-    dialog ids), in `partitions` partitions (default: one per executor core). Without
+    sorted by key and order (a sender then meets its keys in the order of their dialog ids,
+    `plan.dialog_id`), in `partitions` partitions (default: one per executor core). Without
     a key, each input partition is a key and keeps its order. The reconciliation derives rows'
     positions the same way.
 
@@ -52,17 +52,10 @@ def arrangement(
         order = ORDER_COLUMN
     placed = None if shuffle else _in_place(original, df, key, wanted)
     if placed is not None:
-        return Arrangement(placed.sortWithinPartitions(rank_of(key), key, order), False, wanted)
+        return Arrangement(placed.sortWithinPartitions(key, order), False, wanted)
     keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
-    arranged = df.repartition(wanted, keyed).sortWithinPartitions(rank_of(key), key, order)
+    arranged = df.repartition(wanted, keyed).sortWithinPartitions(key, order)
     return Arrangement(arranged, True, wanted)
-
-
-def rank_of(key: str) -> Any:
-    """Spark's column of each row's key rank, `plan.key_rank`: the CRC-32 of the key's text."""
-    from pyspark.sql import functions as F
-
-    return F.crc32(F.col(key).cast("string").cast("binary"))
 
 
 def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:

@@ -33,14 +33,12 @@ from actors.remote.client import DEFAULT_NAMESPACE as NAMESPACE
 from .arrange import KEY_COLUMN, NULL_KEY, arrangement, null_keys, reads_only_cache
 from .plan import (
     BODY_FORMATS,
-    DIGEST_IDS,
-    RANKED_IDS,
+    ORDERED_IDS,
     IngestSpec,
     Pace,
     PartitionPlanner,
     call_rows,
     check_ingest_id,
-    digest_span,
     ids_of,
 )
 from .progress import BOARD, Tally, Watcher, best_effort, board, print_progress
@@ -183,7 +181,7 @@ def ingest(
         max_body_bytes=limits.max_body_bytes,
         call_bytes=min(IngestSpec.call_bytes, limits.max_call_bytes // 2),
         encryption=encryption,
-        ids=_dialog_ids(senders, ingest_id) if rerun else RANKED_IDS,
+        ids=_dialog_ids(senders, ingest_id) if rerun else ORDERED_IDS,
     )
 
     meter = board(NAMESPACE)
@@ -375,19 +373,19 @@ def _senders(brokers: Any) -> list[Any]:
 
 def _dialog_ids(senders: Sequence[Any], ingest_id: str) -> int:
     """How an ingest run again names its dialogs: as its runs before did (`plan.dialog_id`), so
-    that it finds them and sends nothing twice; a run by a release before ranked ids left digest
-    ids. Its dialogs are all begun `if_absent`, so each sender remembers every one, live or
-    ended (`rerunnable`), and digest ids sort first (`digest_span`; a few dialogs of other
-    names a caller may have begun among them are passed over)."""
-    end = digest_span(ingest_id)[1]
+    that it finds them and sends nothing twice; a run by an earlier release may have left ids
+    of another kind. Its dialogs are all begun `if_absent`, so each sender remembers every one,
+    live or ended (`rerunnable`), in the order of their ids: the first of them tells (a few
+    dialogs of other names a caller may have begun among them are passed over)."""
+    prefix = f"{ingest_id}/"
     for b in senders:
-        for row in b.rerunnable(after=f"{ingest_id}/", limit=PROBED):
+        for row in b.rerunnable(after=prefix, limit=PROBED):
             handle = row["conversation_handle"]
-            if handle >= end:
+            if not handle.startswith(prefix):
                 break
-            if ids_of(handle, ingest_id) == DIGEST_IDS:
-                return DIGEST_IDS
-    return RANKED_IDS
+            if (kind := ids_of(handle, ingest_id)) is not None:
+                return kind
+    return ORDERED_IDS
 
 
 PROBED = 100  # dialogs a re-run reads from each sender to tell how its dialogs are named

@@ -34,11 +34,15 @@ from actors.model.catalog import MessageType
 BODY_FORMATS = ("json", "msgpack")  # how a struct (or list, or map) body column is encoded
 MAX_INGEST_ID = 100
 KEY_DIGEST = 32  # hex characters of sha256 in a dialog id
-# How dialog ids are made (`dialog_id`): 1, the key's digest alone (ingests of releases before
-# ranked ids; kept for re-runs of those, see `spark_bridge.ingest`); 2, the key's rank first.
-DIGEST_IDS, RANKED_IDS = 1, 2
-RANK_MARK = "k"  # begins a ranked id's part after the "/": never a hex digit, so ids of the two
-# kinds never share a prefix beyond "<ingest id>/"
+# How dialog ids are made (`dialog_id`), by release: 1, the key's digest alone; 2, the CRC-32 of
+# the key's text first; 3, the key's own order first. Ingests begun by an earlier release keep
+# their kind when run again (see `spark_bridge.ingest`).
+DIGEST_IDS, RANKED_IDS, ORDERED_IDS = 1, 2, 3
+RANK_MARK = "k"  # begins a ranked id's part after the "/"
+WHOLE_MARK, TEXT_MARK = "n", "t"  # begin an ordered id's part: a whole number's, other text's
+# (none is a hex digit, so ids of different kinds never share a prefix beyond "<ingest id>/")
+TEXT_PREFIX = 16  # bytes of a key's text an ordered id carries, as hex, before its digest
+_SIGN = 1 << 63
 
 
 def check_ingest_id(ingest_id: object) -> str:
@@ -85,23 +89,43 @@ def _digest(text: str) -> str:
 
 
 def key_rank(key: str) -> int:
-    """A key's place in an ingest's order of dialogs: the CRC-32 of its text, as Spark's
-    `crc32(cast(cast(key as string) as binary))` computes it (`arrange.rank_of`)."""
+    """A key's place in the ingest order of ranked ids (RANKED_IDS): the CRC-32 of its text, as
+    Spark's `crc32(cast(cast(key as string) as binary))` computes it."""
     return zlib.crc32(key.encode())
 
 
-def dialog_id(ingest_id: str, key: str, kind: int = RANKED_IDS) -> str:
-    """The handle and conversation id of one key's dialog: `<ingest id>/k<rank><digest>`, its
-    rank (`key_rank`) as 8 hex digits, then its digest (sha256's first 32 hex digits); Spark
-    computes the same in `reconcile.expected_rows`. A partition's rows are arranged by rank
-    (`spark_bridge.arrange`), so each sender begins its dialogs in the order of their ids: the
-    brokers' indexes of handles and conversation ids then grow at their ends, a few pages a
-    commit, where ids in no order land anywhere (a page written for each new dialog, in every
-    index; measured in the demo's shop: 14 writes an order against 5). `kind` DIGEST_IDS: the
-    ids of earlier releases, `<ingest id>/<digest>`."""
+def whole_number(key: str) -> int | None:
+    """The key's text as a whole number, if it is one as Spark writes one (`cast(n as string)`:
+    no sign but a minus, no leading zeros, within 64 bits); else None."""
+    digits = key[1:] if key[:1] == "-" else key
+    if not (0 < len(digits) <= 19 and digits.isascii() and digits.isdigit()):
+        return None
+    value = int(key)
+    return value if str(value) == key and -_SIGN <= value < _SIGN else None
+
+
+def dialog_id(ingest_id: str, key: str, kind: int = ORDERED_IDS) -> str:
+    """The handle and conversation id of one key's dialog, from the key's text (so a key of
+    whole numbers and the same key written as text name the same dialog): `<ingest id>/n` and
+    the number plus 2**63 as 16 hex digits, for a whole number; else `<ingest id>/t`, the text's
+    first TEXT_PREFIX bytes as hex (padded with 0s) and its digest (sha256's first 32 hex
+    digits). So ids sort as Spark sorts the keys (numbers by value, text byte by byte, each
+    within its length for whole numbers written as text): an ingest's senders meet their keys in
+    that order (`spark_bridge.arrange`), so each begins its dialogs in the order of their ids,
+    and the brokers' indexes of handles and conversation ids grow at one point per sender, a few
+    pages a commit, where ids in no order land anywhere (a page written for each new dialog, in
+    every index). Spark computes the same in `reconcile.expected_rows`. Ids of earlier
+    releases, for their re-runs: DIGEST_IDS, `<ingest id>/<digest>`; RANKED_IDS,
+    `<ingest id>/k`, `key_rank` as 8 hex digits, the digest."""
     if kind == DIGEST_IDS:
         return f"{ingest_id}/{_digest(key)}"
-    return f"{ingest_id}/{RANK_MARK}{key_rank(key):08x}{_digest(key)}"
+    if kind == RANKED_IDS:
+        return f"{ingest_id}/{RANK_MARK}{key_rank(key):08x}{_digest(key)}"
+    number = whole_number(key)
+    if number is not None:
+        return f"{ingest_id}/{WHOLE_MARK}{number + _SIGN:016x}"
+    head = key.encode()[:TEXT_PREFIX].hex().ljust(2 * TEXT_PREFIX, "0")
+    return f"{ingest_id}/{TEXT_MARK}{head}{_digest(key)}"
 
 
 def group_id(ingest_id: str, group: str) -> str:
@@ -118,8 +142,16 @@ assert len(dialog_id("x" * MAX_INGEST_ID, "k")) <= MAX_HANDLE
 
 def digest_span(ingest_id: str) -> tuple[str, str]:
     """The handles the digest ids of `ingest_id` lie between (the first, and one past the last):
-    a hex digit follows the "/", where a ranked id has RANK_MARK, which sorts after them."""
+    a hex digit follows the "/", where ids of the other kinds have a letter past "f"."""
     return f"{ingest_id}/0", f"{ingest_id}/g"
+
+
+def rank_span(ingest_id: str) -> tuple[str, str]:
+    """The same for the ranked ids (RANKED_IDS) of `ingest_id`."""
+    return f"{ingest_id}/{RANK_MARK}", f"{ingest_id}/{chr(ord(RANK_MARK) + 1)}"
+
+
+_HEX = frozenset("0123456789abcdef")
 
 
 def ids_of(handle: str, ingest_id: str) -> int | None:
@@ -127,10 +159,15 @@ def ids_of(handle: str, ingest_id: str) -> int | None:
     not one."""
     prefix = f"{ingest_id}/"
     rest = handle[len(prefix) :] if handle.startswith(prefix) else ""
-    if len(rest) == KEY_DIGEST and all(c in "0123456789abcdef" for c in rest):
+    mark, n = rest[:1], len(rest)
+    if not _HEX.issuperset(rest[1:]):
+        return None
+    if n == KEY_DIGEST and mark in _HEX:
         return DIGEST_IDS
-    if len(rest) == 1 + 8 + KEY_DIGEST and rest[0] == RANK_MARK:
+    if n == 1 + 8 + KEY_DIGEST and mark == RANK_MARK:
         return RANKED_IDS
+    if (n, mark) in ((1 + 16, WHOLE_MARK), (1 + 2 * TEXT_PREFIX + KEY_DIGEST, TEXT_MARK)):
+        return ORDERED_IDS
     return None
 
 
@@ -187,7 +224,7 @@ class IngestSpec:
     max_body_bytes: int = 4 << 20
     call_bytes: int = 16 << 20  # bodies per call, summed (well under the brokers' max_call_bytes)
     encryption: bool = True  # the dialogs' ENCRYPTION
-    ids: int = RANKED_IDS  # how its dialog ids are made (`dialog_id`)
+    ids: int = ORDERED_IDS  # how its dialog ids are made (`dialog_id`)
 
 
 def slices(bodies: Sequence[bytes | None], rows: int, max_bytes: int) -> Iterator[tuple[int, int]]:

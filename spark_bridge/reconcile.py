@@ -17,8 +17,20 @@ from typing import Any
 
 from actors.model.catalog import SYSTEM_TYPES
 
-from .arrange import KEY_COLUMN, ORDER_COLUMN, rank_of
-from .plan import DIGEST_IDS, KEY_DIGEST, RANK_MARK, RANKED_IDS, check_ingest_id, digest_span
+from .arrange import KEY_COLUMN, ORDER_COLUMN
+from .plan import (
+    DIGEST_IDS,
+    KEY_DIGEST,
+    ORDERED_IDS,
+    RANK_MARK,
+    RANKED_IDS,
+    TEXT_MARK,
+    TEXT_PREFIX,
+    WHOLE_MARK,
+    check_ingest_id,
+    digest_span,
+    rank_span,
+)
 
 MAX_KEYS_SHOWN = 100
 
@@ -78,7 +90,7 @@ def expected_rows(
     key: str | None,
     order: str | None,
     rejected: Iterable[Mapping[str, Any]] = (),
-    ids: int = RANKED_IDS,
+    ids: int = ORDERED_IDS,
 ) -> Any:
     """The input as the ingest numbered it: (key, conversation_id, sequence_number) per row sent;
     `ids`: how the ingest made its dialog ids (`plan.dialog_id`)."""
@@ -101,12 +113,23 @@ def expected_rows(
     if out:
         gone = spark.createDataFrame(out, "key string, position long")
         rows = rows.join(gone, ["key", "position"], "left_anti")
-    digest = F.substring(F.sha2(F.col("key"), 256), 1, KEY_DIGEST)
+    text = F.col("key")
+    digest = F.substring(F.sha2(text, 256), 1, KEY_DIGEST)
     if ids == DIGEST_IDS:
         conversation_id = F.concat(F.lit(f"{ingest_id}/"), digest)
-    else:
-        rank = F.lpad(F.lower(F.hex(rank_of("key"))), 8, "0")
+    elif ids == RANKED_IDS:
+        rank = F.lpad(F.lower(F.hex(F.crc32(text.cast("binary")))), 8, "0")
         conversation_id = F.concat(F.lit(f"{ingest_id}/{RANK_MARK}"), rank, digest)
+    else:  # as `plan.dialog_id`: a whole number as Spark writes one, or other text
+        number = F.expr("try_cast(`key` AS BIGINT)")
+        whole = number.isNotNull() & (number.cast("string") == text)
+        biased = F.lpad(F.lower(F.hex(number.bitwiseXOR(F.lit(-(1 << 63))))), 16, "0")
+        head = F.substring(text.cast("binary"), 1, TEXT_PREFIX)
+        head = F.rpad(F.lower(F.hex(head)), 2 * TEXT_PREFIX, "0")
+        conversation_id = F.when(whole, F.concat(F.lit(f"{ingest_id}/{WHOLE_MARK}"), biased))
+        conversation_id = conversation_id.otherwise(
+            F.concat(F.lit(f"{ingest_id}/{TEXT_MARK}"), head, digest)
+        )
     return rows.select(
         "key",
         conversation_id.alias("conversation_id"),
@@ -117,14 +140,19 @@ def expected_rows(
 
 
 def _ids_in(audit: Any, ingest_id: str) -> int:
-    """How the ingest's dialog ids were made, as its records in the audit show: DIGEST_IDS by a
-    release before ranked ids (`plan.dialog_id`) when any id is of that kind."""
+    """How the ingest's dialog ids were made (`plan.dialog_id`), as its records in the audit
+    show: of an earlier release's kind when any id is of it, else ORDERED_IDS."""
     from pyspark.sql import functions as F
 
     cid = F.col("conversation_id")
-    first, end = digest_span(ingest_id)
-    old = (cid >= first) & (cid < end) & (F.length(cid) == len(ingest_id) + 1 + KEY_DIGEST)
-    return DIGEST_IDS if audit.filter(old).limit(1).count() else RANKED_IDS
+    for kind, (first, end), length in (
+        (DIGEST_IDS, digest_span(ingest_id), KEY_DIGEST),
+        (RANKED_IDS, rank_span(ingest_id), 1 + 8 + KEY_DIGEST),
+    ):
+        found = (cid >= first) & (cid < end) & (F.length(cid) == len(ingest_id) + 1 + length)
+        if audit.filter(found).limit(1).count():
+            return kind
+    return ORDERED_IDS
 
 
 def reconcile(

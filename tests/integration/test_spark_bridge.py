@@ -19,7 +19,8 @@ from actors.errors import UnknownMessageType
 from actors.model.catalog import MessageType
 from spark_bridge import AuditCursor, audit_frame, ingest, reconcile
 from spark_bridge.arrange import arrangement, shuffles
-from spark_bridge.plan import DIGEST_IDS, IngestSpec, PartitionPlanner, dialog_id
+from spark_bridge.plan import DIGEST_IDS, RANKED_IDS, IngestSpec, PartitionPlanner, dialog_id
+from spark_bridge.reconcile import expected_rows
 from tests.polling import wait_until
 
 from .conftest import define_orders, in_own_process
@@ -342,10 +343,12 @@ def test_an_ingest_run_again_after_its_dialogs_ended_and_went_sends_nothing_twic
 
 
 def test_each_partition_meets_its_keys_in_the_order_of_their_dialog_ids(spark):
-    """Spark's rank (`arrange.rank_of`) is the planner's (`plan.key_rank`), for text and whole
-    number keys: a sender begins its dialogs in id order, so the brokers' indexes grow at an end."""
-    texts = orders_frame(spark, 3000, 300)
-    numbers = texts.withColumn("customer", F.col("customer").cast("long"))
+    """Spark's order of whole-number and text keys is the order of their dialog ids
+    (`plan.dialog_id`): a sender begins its dialogs in id order, so the brokers' indexes grow
+    at an end."""
+    digits = orders_frame(spark, 3000, 300)
+    numbers = digits.withColumn("customer", F.col("customer").cast("long") - 150)
+    texts = digits.withColumn("customer", F.concat(F.lit("customer-"), F.col("customer")))
 
     def keys_in_order(batches):
         pid, keys = TaskContext.get().partitionId(), []
@@ -355,33 +358,60 @@ def test_each_partition_meets_its_keys_in_the_order_of_their_dialog_ids(spark):
                     keys.append(str(k))
         yield pa.RecordBatch.from_pylist([{"p": pid, "keys": json.dumps(keys)}], schema=MET)
 
-    for df in (texts, numbers):
+    for df, expected in (
+        (numbers, range(-150, 150)),
+        (texts, (f"customer-{i}" for i in range(300))),
+    ):
         frame = arrangement(df, "customer", "ts", None).frame
         parts = frame.mapInArrow(keys_in_order, "p int, keys string").collect()
         met = [json.loads(r["keys"]) for r in parts]
-        assert sorted(k for keys in met for k in keys) == sorted(str(i) for i in range(300))
+        assert sorted(k for keys in met for k in keys) == sorted(map(str, expected))
         for keys in met:
             ids = [dialog_id("i", k) for k in keys]
             assert ids == sorted(ids)
 
 
+@pytest.mark.parametrize("kind", [None, RANKED_IDS, DIGEST_IDS])
+def test_spark_names_each_keys_dialog_as_the_planner_does(spark, kind):
+    """`reconcile` finds an ingest's rows by their dialog ids computed in Spark SQL: for every
+    kind of id and keys at the edges of whole numbers and text, the planner's."""
+    keys = ["0", "7", "-7", "-0", "007", "+5", " 5", "5 ", "1e3", "4.0", "٥", "0x1f", "",
+            str(2**63 - 1), str(-(2**63)), str(2**63), str(-(2**63) - 1), "9" * 40, "kéy",
+            "customer-000000123456", "a", "a\x00", "日本語のキー" * 5]  # fmt: skip
+    df = spark.createDataFrame([(k, 0) for k in keys], "customer string, ts long")
+    args = {} if kind is None else {"ids": kind}
+
+    got = expected_rows(df, "ing1", "customer", "ts", **args).collect()
+
+    by_key = {r["key"]: r["conversation_id"] for r in got}
+    assert by_key == {k: dialog_id("ing1", k, *([] if kind is None else [kind])) for k in keys}
+    numbers = spark.createDataFrame(
+        [(int(k), 0) for k in keys[:3] + keys[13:15]], "n long, ts long"
+    )
+    got = expected_rows(numbers, "ing1", "n", "ts", **args).collect()
+    assert {r["key"]: r["conversation_id"] for r in got} == {
+        k: by_key[k] for k in keys[:3] + keys[13:15]
+    }
+
+
+@pytest.mark.parametrize("kind", [DIGEST_IDS, RANKED_IDS])
 def test_an_ingest_begun_by_an_earlier_release_is_finished_without_sending_a_row_twice(
-    spark, orders_broker
+    spark, orders_broker, kind
 ):
-    """An earlier release named an ingest's dialogs by the key's digest alone (`DIGEST_IDS`).
-    Its run, interrupted after half the keys, is run again by this one with the same id: it
-    finds those dialogs, sends only the rows they lack, and the reconciliation reads the
-    digest ids from the audit."""
+    """Earlier releases named an ingest's dialogs by the key's digest alone (`DIGEST_IDS`), or
+    its CRC-32 and digest (`RANKED_IDS`). A run of theirs, interrupted after half the keys, is
+    run again by this one with the same id: it finds those dialogs, sends only the rows they
+    lack, and the reconciliation reads the kind of ids from the audit."""
     df = orders_frame(spark, 1200, 12)
     rows = df.select("customer", "ts", F.to_json("order").alias("order")).toPandas()
     table = pa.Table.from_pandas(rows.sort_values(["customer", "ts"]), preserve_index=False)
     spec = IngestSpec(ingest_id="old-1", run="r1", **SEND, message_type=MessageType("Order"),
-                      body="order", key="customer", batch_rows=50, ids=DIGEST_IDS)  # fmt: skip
+                      body="order", key="customer", batch_rows=50, ids=kind)  # fmt: skip
     planner, half = PartitionPlanner(spec), {str(i) for i in range(6)}
     for batch in table.to_batches(max_chunksize=100):
         for call in planner.calls(batch):
             keys = {op.handle for op in call.ops if isinstance(op, Begin)}
-            if keys <= {dialog_id("old-1", k, DIGEST_IDS) for k in half}:
+            if keys <= {dialog_id("old-1", k, kind) for k in half}:
                 orders_broker.apply(call.ops, request_id=call.request_id)
     assert orders_broker.queues()["FulfilmentQueue"]["depth"] == 600
     # a dialog of the caller's own, named under the ingest's prefix, sorting before its dialogs
@@ -392,7 +422,7 @@ def test_an_ingest_begun_by_an_earlier_release_is_finished_without_sending_a_row
 
     assert (again.rows, again.sent, again.dialogs) == (1200, 600, 12)
     handles = {r["conversation_handle"] for r in orders_broker.rerunnable()} - {mine.handle}
-    assert handles == {dialog_id("old-1", str(i), DIGEST_IDS) for i in range(12)}
+    assert handles == {dialog_id("old-1", str(i), kind) for i in range(12)}
     assert sorted(o["id"] for o in drain(orders_broker)) == list(range(1200))
     result = reconcile(audit_frame(spark, orders_broker), df, ingest_id="old-1", key="customer",
                        order="ts")  # fmt: skip

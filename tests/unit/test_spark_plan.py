@@ -21,6 +21,7 @@ from actors.model.catalog import MessageType
 from spark_bridge.plan import (
     DIGEST_IDS,
     MAX_INGEST_ID,
+    ORDERED_IDS,
     RANKED_IDS,
     IngestSpec,
     Pace,
@@ -34,10 +35,11 @@ from spark_bridge.plan import (
     encode_bodies,
     group_id,
     ids_of,
-    key_rank,
     key_text,
+    rank_span,
     request_id,
     slices,
+    whole_number,
 )
 
 from .test_core_dialogs import receive_all
@@ -155,41 +157,70 @@ def test_slices_cover_every_index_once_within_bounds_and_cut_only_when_needed(
 # --- dialog ids and brokers --------------------------------------------------------------------
 
 
-def test_dialog_id_is_the_ingest_id_the_keys_crc32_and_sha256_as_spark_computes_them():
+def test_dialog_id_is_the_ingest_id_and_the_key_in_its_own_order():
+    digest = hashlib.sha256("kéy".encode()).hexdigest()[:32]
+    head = "kéy".encode().hex().ljust(32, "0")
+    assert dialog_id("ing1", "kéy") == f"ing1/t{head}{digest}"
+    long_text = "customer-000000123456"  # its first 16 bytes only, then the digest
+    digest = hashlib.sha256(long_text.encode()).hexdigest()[:32]
+    assert dialog_id("ing1", long_text) == f"ing1/t{long_text[:16].encode().hex()}{digest}"
+    assert dialog_id("ing1", "0") == "ing1/n8000000000000000"  # the number plus 2**63, in hex
+    assert dialog_id("ing1", "-1") == "ing1/n7fffffffffffffff"
+    assert dialog_id("ing1", str(2**63 - 1)) == "ing1/nffffffffffffffff"
+
+
+def test_dialog_ids_of_earlier_releases_are_made_as_they_made_them():
     digest = hashlib.sha256("kéy".encode()).hexdigest()[:32]
     rank = f"{zlib.crc32('kéy'.encode()):08x}"
-    assert dialog_id("ing1", "kéy") == f"ing1/k{rank}{digest}"
-    assert dialog_id("ing1", "kéy") == dialog_id("ing1", "kéy")
-    assert dialog_id("ing1", "kéy", DIGEST_IDS) == f"ing1/{digest}"  # as earlier releases made
+    assert dialog_id("ing1", "kéy", RANKED_IDS) == f"ing1/k{rank}{digest}"
+    assert dialog_id("ing1", "kéy", DIGEST_IDS) == f"ing1/{digest}"
 
 
-def test_dialog_ids_sort_as_their_keys_ranks_so_a_sender_begins_them_in_order():
-    keys = [str(i) for i in range(500)] + [f"customer-{i}" for i in range(500)]
-    by_rank = sorted(keys, key=lambda k: (key_rank(k), k))
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [("0", 0), ("42", 42), ("-42", -42), (str(2**63 - 1), 2**63 - 1), (str(-(2**63)), -(2**63))]
+    + [(t, None) for t in ("", "-", "-0", "007", "+5", " 5", "5 ", "1e3", "4.0", "٥", "0x1f")]
+    + [(str(2**63), None), (str(-(2**63) - 1), None), ("9" * 5000, None)],
+)
+def test_a_whole_number_is_text_as_spark_writes_a_64_bit_number(text, number):
+    assert whole_number(text) == number
 
-    ids = [dialog_id("ing1", k) for k in by_rank]
 
-    # equal ranks (CRC-32 collides now and then) may sort either way: a local swap, no more
-    ranks = [key_rank(k) for k in by_rank]
-    pairs = enumerate(zip(ids, ids[1:], strict=False))
-    assert all(a <= b or ranks[i] == ranks[i + 1] for i, (a, b) in pairs)
-    assert len(set(ids)) == len(keys)
+def test_dialog_ids_sort_as_spark_sorts_whole_numbers_and_text():
+    numbers = sorted([-(2**63), -1000, -7, -1, 0, 1, 9, 10, 99, 12345, 2**40, 2**63 - 1])
+    ids = [dialog_id("ing1", str(n)) for n in numbers]
+    assert ids == sorted(ids)
+    texts = sorted(f"{p}-{i:06d}" for p in ("customer", "order", "zé") for i in range(300))
+    texts = sorted(texts + ["", "a", "a\x00", "b" * 40], key=str.encode)  # byte by byte
+    ids = [dialog_id("ing1", t) for t in texts]
+    assert ids == sorted(ids) and len(set(ids)) == len(texts)
+    # whole numbers written as text sort as text: in order within each length
+    for digits in (1, 3, 5):
+        same_length = [str(i) for i in range(10 ** (digits - 1), min(10**digits, 3000))]
+        ids = [dialog_id("ing1", t) for t in sorted(same_length, key=str.encode)]
+        assert ids == sorted(ids)
 
 
 def test_ids_of_tells_the_kind_of_a_dialog_id_and_of_nothing_else():
-    for kind in (DIGEST_IDS, RANKED_IDS):
-        assert ids_of(dialog_id("ing1", "k", kind), "ing1") == kind
-        assert ids_of(dialog_id("ing1", "k", kind), "ing") is None  # another ingest's
+    for kind in (DIGEST_IDS, RANKED_IDS, ORDERED_IDS):
+        for key in ("k", "12", "customer-000001"):
+            assert ids_of(dialog_id("ing1", key, kind), "ing1") == kind
+            assert ids_of(dialog_id("ing1", key, kind), "ing") is None  # another ingest's
     for other in ("ing1/", "ing1/g/" + "0" * 32, "ing1/" + "A" * 32, "x/" + "0" * 32, "ing1"):
         assert ids_of(other, "ing1") is None
-    # every digest id of an ingest sorts before every ranked one (`spark_bridge.ingest`)
-    assert dialog_id("ing1", "k", DIGEST_IDS) < dialog_id("ing1", "k")
-    assert dialog_id("ing1", "zz" * 50, DIGEST_IDS) < dialog_id("ing1", "0")
+    for other in ("ing1/n" + "0" * 15, "ing1/n" + "g" * 16, "ing1/t" + "0" * 63, "ing1/0-mine"):
+        assert ids_of(other, "ing1") is None
+    # the kinds' ids lie apart, digest ids first, then ranked ones, then ordered ones
+    # (`spark_bridge.ingest`, `spark_bridge.reconcile`)
     first, end = digest_span("ing1")
-    assert first <= dialog_id("ing1", "k", DIGEST_IDS) < end <= dialog_id("ing1", "0")
+    ranked_first, ranked_end = rank_span("ing1")
+    for key in ("k", "0", "zz" * 50, str(-(2**63))):
+        assert first <= dialog_id("ing1", key, DIGEST_IDS) < end <= ranked_first
+        assert ranked_first <= dialog_id("ing1", key, RANKED_IDS) < ranked_end
+        assert ranked_end <= dialog_id("ing1", key)
 
 
-@pytest.mark.parametrize("kind", [DIGEST_IDS, RANKED_IDS])
+@pytest.mark.parametrize("kind", [DIGEST_IDS, RANKED_IDS, ORDERED_IDS])
 def test_the_planner_names_its_dialogs_as_its_spec_says(kind):
     spec = make_spec(ids=kind)
     calls = list(PartitionPlanner(spec).calls(make_batch([("a", b"1"), ("b", b"2")])))
