@@ -3,7 +3,8 @@ ingest call until every row is committed in the broker's store, beside, in the s
 
 - the ingest of the same rows cached already partitioned by key, which Spark need not shuffle;
 - driver-loop: the best loop a user would write on the driver: the DataFrame to pandas through
-  Arrow, sorted by key and order, the same batched `apply` calls, several in flight;
+  Arrow, sorted by key and order, the same batched `apply` calls, as many in flight as the
+  ingest's senders keep in all;
 - broker send-only: the same calls, built beforehand in the driver, so only the broker works;
 - where an ingest's time goes: Spark arranging and streaming the rows to the executors' Python
   workers with nothing sent, then also planning the calls.
@@ -28,13 +29,16 @@ from actors.remote.runtime import ensure_ray
 from actors.tools.bench.report import Load, Progress, Report, Row
 
 from .arrange import arrangement
+from .ingest import IN_FLIGHT as INGEST_IN_FLIGHT
 from .ingest import ingest
 from .plan import IngestSpec, PartitionPlanner
 from .session import spark_session
 
 KEYS = 1000
 BODY_BYTES = 100
-IN_FLIGHT = 4
+# the driver loop's and send-only's calls under way at once: as many as the ingest keeps in all
+# (INGEST_IN_FLIGHT a sender, a sender per executor core: 2 cores here)
+IN_FLIGHT = 16
 SEND = {"from_service": "Loader", "to_service": "Sink", "contract": "Load"}
 COLUMNS = {"message_type": "Row", "body": "body", "key": "key", "order": "ts"}  # of its frames
 
@@ -48,7 +52,8 @@ def run(load: Load, progress: Progress = print, batch_rows: int = 4000) -> Repor
             "keys": KEYS,
             "body_bytes": BODY_BYTES,
             "batch_rows": batch_rows,
-            "in_flight": IN_FLIGHT,
+            "in_flight_per_sender": INGEST_IN_FLIGHT,
+            "in_flight_driver": IN_FLIGHT,
             "brokers": 1,
         },
     )
