@@ -3,7 +3,7 @@ in order. Spark plans only (through PySpark and its JVM plan objects); nothing h
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,13 @@ class Arrangement:
 
 
 def arrangement(
-    df: Any, key: str | None, order: str | None, partitions: int | None, *, shuffle: bool = False
+    df: Any,
+    key: str | None,
+    order: str | None,
+    partitions: int | None,
+    *,
+    shuffle: bool = False,
+    columns: Sequence[str] | None = None,
 ) -> Arrangement:
     """`df` with each key's rows together in one partition, in order: hash-partitioned by key and
     sorted by key and order (a sender then meets its keys in the order of their dialog ids,
@@ -37,25 +43,35 @@ def arrangement(
     A null key fails the shuffle's map side, which ends before any partition reaches a sender:
     the check costs no pass of its own and nothing is sent (Spark drops it for a key column it
     knows holds no nulls). A cached input already hash-partitioned by the key alone keeps its
-    partitions instead, with no shuffle (`_in_place`), unless `shuffle` says otherwise."""
+    partitions instead, with no shuffle (`_in_place`), unless `shuffle` says otherwise.
+
+    `columns`: what the senders read besides the key (None: every column). Only those and the
+    key are arranged and streamed to them: Spark prunes the rest before the shuffle, so the
+    other columns of a wide input cost nothing."""
     from pyspark.sql import functions as F
 
     wanted = partitions or df.sparkSession.sparkContext.defaultParallelism
     if key is None:
         # each partition is a sender task, which costs tens of milliseconds to start: more than
         # wanted are merged whole, one after another (a key's rows stay together, in order)
-        return Arrangement(df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted),
-                           False, None)  # fmt: skip
+        keyed = df.withColumn(KEY_COLUMN, F.spark_partition_id()).coalesce(wanted)
+        return Arrangement(_kept(keyed, KEY_COLUMN, columns), False, None)
     original = df
     if order is None:
         df = df.withColumn(ORDER_COLUMN, F.monotonically_increasing_id())
         order = ORDER_COLUMN
     placed = None if shuffle else _in_place(original, df, key, wanted)
     if placed is not None:
-        return Arrangement(placed.sortWithinPartitions(key, order), False, wanted)
+        return Arrangement(_kept(placed.sortWithinPartitions(key, order), key, columns), False,
+                           wanted)  # fmt: skip
     keyed = F.when(F.col(key).isNull(), F.raise_error(F.lit(NULL_KEY))).otherwise(F.col(key))
     arranged = df.repartition(wanted, keyed).sortWithinPartitions(key, order)
-    return Arrangement(arranged, True, wanted)
+    return Arrangement(_kept(arranged, key, columns), True, wanted)
+
+
+def _kept(df: Any, key: str, columns: Sequence[str] | None) -> Any:
+    """`df` with only the key and `columns` (all of them for None)."""
+    return df if columns is None else df.select(*dict.fromkeys([key, *columns]))
 
 
 def _in_place(original: Any, df: Any, key: str, wanted: int) -> Any:

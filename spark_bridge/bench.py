@@ -234,7 +234,7 @@ def _dry(df: Any, batch_rows: int, plan: bool) -> int:
             n += batch.num_rows
         yield pa.RecordBatch.from_pylist([{"n": n}])
 
-    frame = arrangement(df, "key", "ts", None).frame
+    frame = arrangement(df, "key", "ts", None, columns=["body"]).frame
     return sum(r.n for r in frame.mapInArrow(count, "n long").collect())
 
 

@@ -163,7 +163,8 @@ def ingest(
         senders, from_service, to_service, contract, message_type, encryption
     )
     _check_columns(df, body=body, key=key, order=order, group=group)
-    arranged = arrangement(df, key, order, partitions)
+    read = [body] if group is None else [body, group]  # what the senders read besides the key
+    arranged = arrangement(df, key, order, partitions, columns=read)
     import ray
 
     if rows_per_s:  # shared by the partitions (Spark counts a keyless input's)
@@ -202,7 +203,7 @@ def ingest(
     sending = arranged.frame.mapInArrow(send, RESULT_SCHEMA)
     if key is not None and not arranged.shuffled and not reads_only_cache(sending):
         # the input's cache went since it was arranged (the plan checked is the plan run)
-        arranged = arrangement(df, key, order, partitions, shuffle=True)
+        arranged = arrangement(df, key, order, partitions, shuffle=True, columns=read)
         sending = arranged.frame.mapInArrow(send, RESULT_SCHEMA)
     show = print_progress if progress is True else progress or None
     try:

@@ -171,6 +171,28 @@ def test_an_input_already_partitioned_by_the_key_is_sent_without_a_shuffle(spark
     assert result.ok and result.delivered == 3000  # every row once, each key in the input's order
 
 
+def test_only_the_key_and_the_columns_the_senders_read_are_shuffled_and_streamed(
+    spark, orders_broker, capsys
+):
+    """A wide input's other columns are pruned before the shuffle: they cost an ingest nothing."""
+    df = orders_frame(spark, 600, 12).withColumn("wide", F.repeat(F.lit("w"), 2000))
+    frame = arrangement(df, "customer", "ts", None, columns=["order"]).frame
+    assert frame.columns == ["customer", "order"]
+    frame.explain(mode="formatted")
+    plan = capsys.readouterr().out
+    exchange = plan[plan.index("Exchange") :]
+    exchange = exchange[: exchange.index("Arguments")]  # the rows the shuffle moves
+    assert "customer" in exchange and "wide" not in exchange
+
+    report = ingest(df, orders_broker, **SEND, **ORDER_COLUMNS, progress=False)
+
+    assert (report.rows, report.sent, report.dialogs) == (600, 600, 12)
+    assert sorted(o["id"] for o in drain(orders_broker)) == list(range(600))
+    result = reconcile(audit_frame(spark, orders_broker), df, ingest_id=report.ingest_id,
+                       key="customer", order="ts")  # fmt: skip
+    assert result.ok and result.delivered == 600
+
+
 def test_a_partitioned_input_is_shuffled_when_its_partitioning_does_not_place_the_keys(spark):
     base = orders_frame(spark, 100, 5)
     by_customer = base.repartition(3, "customer").cache()
