@@ -28,6 +28,7 @@ from .plan import (
     TEXT_PREFIX,
     WHOLE_MARK,
     check_ingest_id,
+    dialog_id,
     digest_span,
     rank_span,
 )
@@ -145,11 +146,10 @@ def _ids_in(audit: Any, ingest_id: str) -> int:
     from pyspark.sql import functions as F
 
     cid = F.col("conversation_id")
-    for kind, (first, end), length in (
-        (DIGEST_IDS, digest_span(ingest_id), KEY_DIGEST),
-        (RANKED_IDS, rank_span(ingest_id), 1 + 8 + KEY_DIGEST),
-    ):
-        found = (cid >= first) & (cid < end) & (F.length(cid) == len(ingest_id) + 1 + length)
+    for kind, (first, end) in ((DIGEST_IDS, digest_span(ingest_id)),
+                               (RANKED_IDS, rank_span(ingest_id))):  # fmt: skip
+        length = len(dialog_id(ingest_id, "", kind))  # every id of either kind has it
+        found = (cid >= first) & (cid < end) & (F.length(cid) == length)
         if audit.filter(found).limit(1).count():
             return kind
     return ORDERED_IDS
