@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from actors.errors import SparkUnavailable
+from spark_bridge import native_libs
 
 # Packages of java.base that Spark and RayDP reach into by reflection; JDK 17 closes them.
 _OPENED = (
@@ -110,6 +111,7 @@ def spark_session(
     ensure_ray()
     import raydp
 
+    native_libs.prune()  # what earlier sessions' drivers left in /tmp/ray (40 MB each)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     ctrl_c = signal.getsignal(signal.SIGINT)
