@@ -131,7 +131,7 @@ def test_the_backlog_is_bounded_and_a_rebuild_empties_it(pair, core_clock, monke
 def test_what_is_held_waits_briefly_to_be_applied_with_what_follows(pair, core_clock, monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(backlogs.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(backlogs, "APPLY_MOST", 4)
+    monkeypatch.setattr(backlogs, "MOST_ENTRIES", 4)
     entries, log = logged(pair, core_clock)
     assert len(entries) >= 6
     assert log.apply_wait(now[0]) == 0.0  # nothing waits: nothing to wait for
@@ -147,7 +147,7 @@ def test_what_is_held_waits_briefly_to_be_applied_with_what_follows(pair, core_c
     log.apply(pair[2].db, taken)
     log.applied(taken)
     assert log.apply_wait(now[0]) == pytest.approx(backlogs.APPLY_AFTER_S)
-    log.accept(entries[3:6])  # enough to apply without waiting
+    log.accept(entries[3:6])  # a full backlog: applied without waiting
     assert len(log.pending) == 4 and log.apply_wait(now[0]) == 0.0
     log.drain(pair[2].db)
     assert held(pair[2]) == entries[5].seq
