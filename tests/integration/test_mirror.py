@@ -287,7 +287,10 @@ def test_a_secured_dialog_to_a_mirrored_broker_goes_on_sealed_after_failover(
     # the console lists the mirrored broker once, by its name, with the witness's record
     found = brokers_in("raybroker", {name, f"{name}-a", f"{name}-b"})
     assert list(found) == [name] and mirrors_of(found)[name]["principal"] == first
+    pid = mm.info()["pid"]
     ray.kill(ray.get_actor(first, namespace="raybroker"), no_restart=True)
+    # ray.kill returns before the process is gone; until then it still answers sends
+    wait_until(lambda: process_gone(pid), 30, "the principal's process to be gone")
     for i in range(10, 20):
         front.send(h, "DEFAULT", b"%d" % i)
     after = mm  # the handle follows the partner that takes over
