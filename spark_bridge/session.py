@@ -59,7 +59,10 @@ def short_jobs_configs() -> dict[str, str]:
 
 
 def spark_configs(
-    executor_cpus: float, extra: Mapping[str, str] | None = None, cores: int = 2
+    executor_cpus: float,
+    extra: Mapping[str, str] | None = None,
+    cores: int = 2,
+    ray_logs: str | None = None,
 ) -> dict[str, str]:
     """Spark settings for RayDP on JDK 17: Java options for the driver, the executors and RayDP's
     app master (the module openings, and each role's JIT and GC choice: `_ROLE_OPTIONS`), this
@@ -67,7 +70,13 @@ def spark_configs(
     CPUs an executor holds (less than its cores, so Ray tasks and the brokers' readers still get
     CPUs beside it), and shuffles cut into a few partitions per core the executors have (Spark's
     default of 200 makes every join and count of an audit run 200 tasks: the demo's 200-order
-    audit read and reconciles took 91 s with them, about 39 s without)."""
+    audit read and reconciles took 91 s with them, about 39 s without).
+
+    `ray_logs`: the logs directory of the Ray node this process is connected to, where RayDP's
+    agent in the driver's JVM writes its log. Without it the agent writes to
+    /tmp/ray/session_latest/logs, which is another cluster's when Ray's files are elsewhere
+    ($RAY_TMPDIR), and the driver does not start at all when that link names a session
+    directory that is gone ("Error create log dir")."""
     conf = {
         "spark.sql.shuffle.partitions": str(2 * cores),
         **{
@@ -80,6 +89,9 @@ def spark_configs(
         "spark.ui.showConsoleProgress": "false",
     }
     conf.update(extra or {})
+    if ray_logs:
+        driver = "spark.driver.extraJavaOptions"
+        conf[driver] = f"{conf[driver]} -Dray.logging.dir={ray_logs}"
     return conf
 
 
@@ -121,7 +133,7 @@ def spark_session(
             num_executors=executors,
             executor_cores=cores,
             executor_memory=memory,
-            configs=spark_configs(executor_cpus, configs, executors * cores),
+            configs=spark_configs(executor_cpus, configs, executors * cores, _ray_logs()),
         )
     except Exception as exc:  # RayDP raises bare Exceptions (Java missing, gateway died, ...)
         raise SparkUnavailable(
@@ -139,6 +151,15 @@ def spark_session(
 
 
 MASTER_GONE_S = 30.0  # how long a stopped session's master may take to go
+
+
+def _ray_logs() -> str | None:
+    """The logs directory of the Ray node this process is connected to (RayDP reads it the same
+    way for its app master), or None when Ray does not say."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    return node.get_logs_dir_path() if node is not None else None
 
 
 def _wait_for_master_gone(app_name: str, timeout_s: float = MASTER_GONE_S) -> None:

@@ -110,6 +110,16 @@ def test_a_short_jobs_session_keeps_the_module_openings_beside_its_jit_and_gc_op
         assert {"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"} <= set(options), jvm
 
 
+def test_the_drivers_jvm_logs_to_the_connected_ray_nodes_directory(spark):
+    # not to /tmp/ray/session_latest/logs, RayDP's agent's default: another cluster's, or a
+    # link to a session gone, where the driver's JVM did not start ("Error create log dir")
+    import ray
+
+    jvm_logs = spark.sparkContext._jvm.java.lang.System.getProperty("ray.logging.dir")
+    assert jvm_logs == ray._private.worker._global_node.get_logs_dir_path()
+    assert os.path.isdir(jvm_logs)
+
+
 def test_a_keyed_ingest_delivers_every_row_once_in_order_per_key(spark, orders_broker):
     df = orders_frame(spark, 3000, 40)
 

@@ -43,3 +43,12 @@ def test_the_workers_daemon_is_the_bridges_and_drops_only_jar_files(tmp_path):
     folder.mkdir()  # a directory named like a jar is a directory: kept
     paths = [str(tmp_path), str(jar), str(folder), "/nowhere/x.jar"]
     assert without_jars(paths) == [str(tmp_path), str(folder), "/nowhere/x.jar"]
+
+
+def test_the_drivers_agent_logs_to_the_connected_nodes_directory_whatever_the_caller_set():
+    conf = spark_configs(1.0, short_jobs_configs(), ray_logs="/tmp/rb/session_1/logs")
+    driver = _options(conf, "driver")
+    assert driver[-1] == "-Dray.logging.dir=/tmp/rb/session_1/logs"
+    assert "-XX:+UseSerialGC" in driver  # the caller's options stay
+    assert not any("ray.logging.dir" in o for o in _options(conf, "executor"))
+    assert not any("ray.logging.dir" in o for o in _options(spark_configs(1.0), "driver"))
