@@ -154,12 +154,17 @@ MASTER_GONE_S = 30.0  # how long a stopped session's master may take to go
 
 
 def _ray_logs() -> str | None:
-    """The logs directory of the Ray node this process is connected to (RayDP reads it the same
-    way for its app master), or None when Ray does not say."""
+    """The logs directory of the Ray node this process is connected to: its session's, beside
+    the raylet's socket (`<session>/sockets/raylet`), as Ray lays a session out. None when Ray
+    does not say; the directory is created if missing."""
     import ray
 
-    node = getattr(ray._private.worker, "_global_node", None)
-    return node.get_logs_dir_path() if node is not None else None
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        socket = node.get("RayletSocketName")
+        if node.get("NodeID") == here and socket:
+            return os.path.join(os.path.dirname(os.path.dirname(socket)), "logs")
+    return None
 
 
 def _wait_for_master_gone(app_name: str, timeout_s: float = MASTER_GONE_S) -> None:
