@@ -13,18 +13,17 @@ other's imported, the target service bound on A and SEND granted; every dialog e
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import sys
 import tempfile
 import time
 from typing import Any
 
+from actors import collector
 from actors.calls.envelope import Begin, Send
 from actors.core import BrokerCore, Limits
 from actors.model.catalog import Contract, MessageType, Queue, Service
 from actors.model.credentials import Certificate, Grant, RemoteServiceBinding
-from actors.remote.broker import GC_THRESHOLDS
 from actors.store.database import Store
 
 WARMUP = 10
@@ -128,8 +127,7 @@ def main() -> None:
     orders = int(sys.argv[2]) if len(sys.argv) > 2 else 30
     lines = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     secured = sys.argv[4:5] == ["secured"]
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    collector.own_process()
     per_order = asyncio.run(measure(rounds, orders, lines, secured))
     print(
         f"{rounds} rounds of {orders} {'secured ' if secured else ''}orders of {lines} lines: "

@@ -27,7 +27,6 @@ them, run it under callgrind with two sizes and divide the difference by the mes
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import os
 import sys
@@ -35,13 +34,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from actors import Begin, Queue, Send, Service
+from actors import Begin, Queue, Send, Service, collector
 from actors.calls.envelope import pack_ops, unpack_received
 from actors.calls.ordering import Issuer
 from actors.client.coalesce import holders_once
 from actors.ids import new_request_id
 from actors.model.catalog import kind_of, to_record
-from actors.remote.broker import GC_THRESHOLDS
 from actors.service.broker import BrokerService
 
 CONVERSATIONS = 100  # messages per round
@@ -220,8 +218,7 @@ def main() -> None:
     shape = sys.argv[2] if len(sys.argv) > 2 else "many-clients"
     if shape not in SHAPES:
         sys.exit(f"unknown shape {shape!r}; use one of {', '.join(SHAPES)}")
-    gc.freeze()  # as the broker actor does (actors.remote.broker)
-    gc.set_threshold(*GC_THRESHOLDS)
+    collector.own_process()  # as the broker actor does (actors.remote.broker)
     per_message = asyncio.run(measure(rounds, shape))
     print(f"{shape}, {rounds} rounds of {PER_ROUND.get(shape, CONVERSATIONS)} messages: ", end="")
     print(f"{per_message * 1e6:.1f} us of CPU per message")

@@ -8,7 +8,6 @@ looking up brokers by name. Every verb and every rule is the service's and the c
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import warnings
@@ -16,6 +15,7 @@ from typing import Any
 
 import ray
 
+from actors import collector
 from actors.calls.frames import ChannelRefused
 from actors.errors import BrokerError, InvalidArgument
 from actors.model.limits import Limits
@@ -33,8 +33,6 @@ from actors.service.channel import (
 )
 
 log = logging.getLogger("raybroker")
-
-GC_THRESHOLDS = (10_000, 10, 10)  # gc.set_threshold: a young pass per 10,000 new objects
 
 
 def node_channels(
@@ -82,13 +80,11 @@ class BrokerActor(BrokerService):
         # garbage: out of the collector's full passes, which otherwise stall every caller for
         # tens of milliseconds, several times a second under load (measured: gen-2 passes of
         # 55 ms over 138k objects, 6-14 ms once frozen). This process is the broker's alone.
-        gc.freeze()
         # A busy broker's calls make and drop thousands of short-lived objects per batch: at
         # Python's default (a young pass per 700 new objects) the collector took 7% of its CPU
         # (measured in one process, frozen as here, 100 one-message clients: 0.36 s of 5.2;
-        # 5% fewer instructions per message at 10,000). The older generations keep Python's
-        # cadence relative to it: a middle pass per 10 young ones, a full one per 10 of those.
-        gc.set_threshold(*GC_THRESHOLDS)
+        # 5% fewer instructions per message at 10,000). See actors.collector.
+        collector.own_process()
         self._channels: ChannelServer | None = None  # listening once a client asks
         self._channels_off = False  # the node's channel setting cannot be honoured
 

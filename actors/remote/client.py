@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import ray
 
+from actors import collector
 from actors.calls.envelope import NOTHING_RECEIVED, answered_locks, unpack_received
 from actors.calls.ordering import Issuer
 from actors.client.calloop import call_loop, on_call_loop_thread
@@ -190,6 +191,9 @@ class Broker(Verbs):
         self.aio = AsyncBroker(self)
         self._batch_callers = 0  # threads in an apply / settle / receive of this handle now
         self._batch_lock = threading.Lock()
+        # what this process makes per call is short-lived: young passes far apart, unless the
+        # process's owner tuned its collector (actors.collector)
+        collector.client_process()
 
     def __reduce__(self):
         return Broker, (self.actor, self.name, self.namespace, self.retry_s)

@@ -663,3 +663,38 @@ def test_a_waiting_aio_receive_cancelled_as_its_loop_ends_gives_back_what_it_tak
     assert [m.body for m in g.messages] == [b"{}"]
     b.commit([g])
     assert b.queues()["FulfilmentQueue"]["rollbacks_in_a_row"] == 0
+
+
+@ray.remote(num_cpus=0)
+def _thresholds_once_handed(blob: bytes, keep: bool) -> tuple[tuple[int, ...], str]:
+    """In a Ray worker: the collector's thresholds after a pickled handle arrives, the process
+    at Python's default before (a worker may have held a handle already), and the process
+    left as it was."""
+    import gc
+    import pickle
+
+    from actors import collector
+
+    before, kept = gc.get_threshold(), os.environ.pop(collector.KEEP_ENV, None)
+    try:
+        gc.set_threshold(*collector.PYTHON_DEFAULT)
+        if keep:
+            os.environ[collector.KEEP_ENV] = "1"
+        handle = pickle.loads(blob)
+        return gc.get_threshold(), handle.name
+    finally:
+        gc.set_threshold(*before)
+        os.environ.pop(collector.KEEP_ENV, None)
+        if kept is not None:
+            os.environ[collector.KEEP_ENV] = kept
+
+
+def test_a_handle_sent_to_another_process_raises_its_young_gc_threshold(make_broker):
+    from actors import collector
+
+    b = make_broker()
+    blob = ray.cloudpickle.dumps(b)
+    busy, name = ray.get(_thresholds_once_handed.remote(blob, keep=False))
+    assert (busy, name) == (collector.BUSY_THRESHOLDS, b.name)
+    kept, _ = ray.get(_thresholds_once_handed.remote(blob, keep=True))
+    assert kept == collector.PYTHON_DEFAULT

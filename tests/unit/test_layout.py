@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the handful of helpers every layer uses (and the finder that loads compiled modules); each
     # imports nothing of the project
     ("helpers", ("actors.errors", "actors.ids", "actors.packing", "actors.runs", "actors.counters",
-                 "actors.compiled")),
+                 "actors.compiled", "actors.collector")),
     # catalog, names, bodies, checks, limits, routes, dialogs; certificates and session keys
     ("model", ("actors.model", "actors.security")),
     ("calls", ("actors.calls",)),  # what a call carries (envelope) and the order of calls
