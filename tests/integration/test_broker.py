@@ -22,6 +22,7 @@ from actors import (
     Queue,
     Send,
     Service,
+    collector,
     connect,
     start_broker,
     stop_broker,
@@ -690,8 +691,6 @@ def _thresholds_once_handed(blob: bytes, keep: bool) -> tuple[tuple[int, ...], s
 
 
 def test_a_handle_sent_to_another_process_raises_its_young_gc_threshold(make_broker):
-    from actors import collector
-
     b = make_broker()
     blob = ray.cloudpickle.dumps(b)
     busy, name = ray.get(_thresholds_once_handed.remote(blob, keep=False))
