@@ -17,7 +17,10 @@ never held behind a wait), it waits in a `wait_take` call: the receives of a han
 waiting on a queue in the same turn of its event loop share one, which carries what each of
 them would take. The broker takes for them there and then, in order, as soon as there is
 something to take, so a waiting receive gets its messages in the round trip that brought the
-news. One that got nothing (others took what came) waits on in the next call. A receive whose
+news. One that got nothing (others took what came) waits on in the next call. A receive that
+settles nothing, made while none of the handle's calls are gathered or on their way, has no
+batch to share: it goes to `wait_take` at once (one call, not two, for a reader between
+messages), which takes what is there first, as the batch would have. A receive whose
 caller left before its taken messages came back hands them back (`abandon`: the broker returns
 them to the queue without counting a rollback toward poison; nobody tried to process them),
 but for a receive under a lock its caller already holds: what that reads stays under the lock.
@@ -34,7 +37,9 @@ Plain Python on the caller's event loop, no Ray: the Ray handle supplies `send` 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -103,15 +108,21 @@ class Coalescer:
         self._schedule(loop)
         return await future  # cancelled before it went: dropped from its batch (see _take)
 
-    async def receive(
-        self, args: tuple[Any, ...], wait: float, empty: Callable[[Any], bool]
-    ) -> Any:
+    async def receive(self, args: tuple[Any, ...], wait: float, nothing: Any) -> Any:
         """A receive: `args` as the broker's receive takes them (queue, wait, options, owner,
-        settle, reader); waits up to `wait` seconds for messages, as the verb does."""
+        settle, reader); waits up to `wait` seconds for messages, as the verb does. `nothing`:
+        the answer of a receive that took nothing."""
         deadline = time.monotonic() + wait
+        empty = functools.partial(operator.eq, nothing)
         # what a receive under its caller's own lock returns stays under that lock, the
         # caller's: never given back, even if the caller leaves
         keep = held_lock(args) is not None
+        if wait > 0 and args[4] is None and not keep and self.idle():
+            # nothing to share a batch with, nothing to settle: a batch of this receive alone
+            # would only take what is there, and `wait_take` does that first too (one call, not
+            # two, for a reader that waits on a quiet queue between messages)
+            got = await self._watch(args[0]).wait(wait, args, empty)
+            return nothing if got is None else got
         result = await self.call("receive", args, None if keep else empty)
         if not empty(result) or args[4] is not None:
             return result  # got something, or settled something: answer now
@@ -120,6 +131,11 @@ class Coalescer:
             return result
         got = await self._watch(args[0]).wait(left, args, empty, keep)
         return result if got is None else got
+
+    def idle(self) -> bool:
+        """Whether none of this handle's calls are gathered or on their way (a call made now
+        goes alone, ordered after every call before it)."""
+        return not self._queue and not self._inflight
 
     def give_back(self, taken: Any) -> None:
         """Hand back (`abandon`) what the broker took for a receive whose caller left."""

@@ -328,7 +328,7 @@ class AsyncBroker(Verbs):
         """A batch verb (apply, settle, receive) with whatever else this loop's callers are
         calling: the sync handle's calls come here too, on the process's call loop."""
         if method == "receive":
-            result = await self._coalescer().receive(args, args[1], NOTHING_RECEIVED.__eq__)
+            result = await self._coalescer().receive(args, args[1], NOTHING_RECEIVED)
         else:
             result = await self._coalescer().call(method, args)
         return post(result) if post else result

@@ -208,8 +208,11 @@ class BatchVerbs:
             raise InvalidArgument(f"takes must be a list, not {type(takes).__name__}")
         started = time.monotonic()
         nothing = [(True, NOTHING)] * len(takes)
+        first = True  # the first pass takes whatever there is, as a receive would (and refuses
+        # what a receive would: a disabled queue, a retired reader), before any wait
         while True:
-            if self.core.ready_groups(queue):
+            if first or self.core.ready_groups(queue):
+                first = False
                 waited = time.monotonic() - started
                 out = [self._take_waiting(queue, take, waited) for take in takes]
                 if out != nothing:  # something taken, or an error to tell

@@ -640,6 +640,44 @@ def test_the_actors_raw_entry_points_refuse_malformed_calls_with_typed_errors(ma
     assert b.info()["name"] == b.name  # it still answers
 
 
+def test_a_waiting_aio_receive_on_an_idle_handle_takes_refuses_and_waits_as_a_receive_does(
+    make_broker,
+):
+    """An idle handle's waiting receive goes straight to the broker's shared wait: what is
+    there is taken at once, a disabled or unknown queue is refused at once (not after the
+    wait), and a message that comes while it waits is its answer; it leaves nothing behind."""
+    b = make_broker()
+    define_orders(b)
+    h = b.begin_dialog("Orders", "Fulfilment", "OrderContract")
+    b.send(h, "Order", order(1))
+
+    async def flow() -> tuple[list, list]:
+        [first] = await asyncio.wait_for(b.aio.receive("FulfilmentQueue", wait=30), 10)
+        await b.aio.commit(first)
+        await b.aio.alter(Queue, "FulfilmentQueue", enabled=False)  # empty, and disabled
+        refused = []
+        for queue, error in (("FulfilmentQueue", QueueDisabled), ("NoSuchQueue", UnknownQueue)):
+            with pytest.raises(error):
+                await asyncio.wait_for(b.aio.receive(queue, wait=30), 10)
+            refused.append(queue)
+        await b.aio.alter(Queue, "FulfilmentQueue", enabled=True)
+        later = asyncio.ensure_future(b.aio.receive("FulfilmentQueue", wait=30))
+        await asyncio.to_thread(wait_until, waiting, 30, "the receive to wait at the broker")
+        await b.aio.send(h, "Order", order(2))
+        [g2] = await asyncio.wait_for(later, 10)
+        await b.aio.commit(g2)
+        return refused, [m.body for m in first.messages + g2.messages]
+
+    def waiting() -> bool:
+        return b.queues()["FulfilmentQueue"]["waiting_receives"] > 0
+
+    refused, bodies = asyncio.run(flow())
+    assert refused == ["FulfilmentQueue", "NoSuchQueue"]
+    assert bodies == [order(1), order(2)]
+    queue = b.queues()["FulfilmentQueue"]
+    assert queue["depth"] == 0 and queue["waiting_receives"] == 0 and queue["enabled"]
+
+
 @pytest.mark.parametrize("direct", ["1", "0"], ids=["direct channel", "through Ray"])
 def test_a_waiting_aio_receive_cancelled_as_its_loop_ends_gives_back_what_it_takes(
     make_broker, monkeypatch, direct

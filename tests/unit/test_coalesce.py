@@ -164,14 +164,17 @@ def test_what_a_receive_took_after_its_caller_left_mid_call_is_given_back():
 
     async def main():
         c = broker.coalescer()
+        applying = asyncio.ensure_future(c.call("apply", (1,)))  # the receive joins its batch
         reader = _reader(c)
         await apoll(lambda: broker.arrived, "the receive to reach the broker")
         reader.cancel()  # its caller leaves while the receive is at the broker
         broker.release.set()
         await apoll(lambda: broker.given_back, "what it took to be given back")
+        await applying
         return reader
 
     reader = asyncio.run(main())
+    assert [m for m, _ in broker.arrived[0]] == ["apply", "receive"]
     assert reader.cancelled() and broker.given_back == ["m1"] and not broker.queue
 
 
@@ -221,7 +224,38 @@ def test_waiting_receives_share_one_wait_and_each_gets_a_message_as_it_comes():
     assert broker.waits == 1  # one wait for the readers that began waiting together
     # taken by the broker for them as the messages came: no receive of theirs went after
     assert sorted(broker.taken_in_waits) == ["m1", "m2", "m3", "m4", "m5"]
-    assert [m for b in broker.batches for m, _ in b] == ["receive"] * 5
+    assert broker.batches == []  # an idle handle's waiting receives go straight to the wait
+
+
+def test_a_waiting_receive_on_an_idle_handle_takes_what_is_there_in_one_call():
+    broker = Broker()
+    broker.put("m1")
+
+    async def main():
+        c = broker.coalescer()
+        return await asyncio.wait_for(_reader(c), 5.0)
+
+    assert asyncio.run(main()) == ["m1"]
+    assert broker.waits == 1 and broker.batches == []
+
+
+def test_a_waiting_receive_made_while_the_handle_has_calls_on_the_way_joins_a_batch():
+    """Another call is on its way: the receive goes in the next batch (and waits only if that
+    took nothing), so it shares a call instead of making one of its own."""
+    broker = HeldBroker()
+    broker.put("m1")
+
+    async def main():
+        c = broker.coalescer()
+        applying = asyncio.ensure_future(c.call("apply", (1,)))
+        await apoll(lambda: broker.arrived, "the apply to reach the broker")
+        reader = _reader(c)
+        broker.release.set()
+        return await asyncio.wait_for(asyncio.gather(applying, reader), 5.0)
+
+    assert asyncio.run(main()) == [1, ["m1"]]
+    assert [[m for m, _ in b] for b in broker.batches] == [["apply"], ["receive"]]
+    assert broker.waits == 0
 
 
 def test_a_receive_that_begins_waiting_later_waits_in_a_call_of_its_own():
@@ -238,7 +272,6 @@ def test_a_receive_that_begins_waiting_later_waits_in_a_call_of_its_own():
 
     assert asyncio.run(main()) == [["m1"], ["m2"]] and broker.waits == 2
     assert broker.taken_in_waits == ["m1", "m2"]  # neither asked again
-    assert [m for b in broker.batches for m, _ in b] == ["receive"] * 2
 
 
 def test_a_waiting_receive_that_others_took_from_waits_on_in_the_next_call():
@@ -296,7 +329,7 @@ def test_a_short_wait_beside_a_long_one_ends_on_time():
         c = broker.coalescer()
         long = _reader(c, wait=30.0)
         await apoll(lambda: broker.waits, "the long reader to wait")
-        short = await asyncio.wait_for(c.receive(_receive_args(), 0.05, _empty), 5.0)
+        short = await asyncio.wait_for(c.receive(_receive_args(), 0.05, []), 5.0)
         long.cancel()
         return short
 
@@ -308,7 +341,7 @@ def test_a_receive_that_settles_is_answered_at_once_even_with_nothing_to_take():
 
     async def main():
         c = broker.coalescer()
-        return await asyncio.wait_for(c.receive(_receive_args(settle=("lock",)), 30.0, _empty), 5.0)
+        return await asyncio.wait_for(c.receive(_receive_args(settle=("lock",)), 30.0, []), 5.0)
 
     assert asyncio.run(main()) == []
     assert broker.waits == 0
@@ -320,7 +353,7 @@ def test_a_waiting_receive_returns_nothing_once_its_wait_is_up(wait):
 
     async def main():
         c = broker.coalescer()
-        return await asyncio.wait_for(c.receive(_receive_args(), wait, _empty), 5.0)
+        return await asyncio.wait_for(c.receive(_receive_args(), wait, []), 5.0)
 
     assert asyncio.run(main()) == []
 
@@ -339,7 +372,7 @@ def test_a_take_whose_wait_has_just_run_out_asks_for_no_wait_not_a_negative_one(
 
 def _reader(c: Coalescer, wait: float = 5.0, options=None) -> asyncio.Future:
     """A receive that waits up to `wait` seconds, under way."""
-    return asyncio.ensure_future(c.receive(_receive_args(options=options), wait, _empty))
+    return asyncio.ensure_future(c.receive(_receive_args(options=options), wait, []))
 
 
 def _empty(result) -> bool:
