@@ -272,6 +272,7 @@ def test_a_receive_that_begins_waiting_later_waits_in_a_call_of_its_own():
 
     assert asyncio.run(main()) == [["m1"], ["m2"]] and broker.waits == 2
     assert broker.taken_in_waits == ["m1", "m2"]  # neither asked again
+    assert broker.batches == []  # each went straight to a wait: the handle had nothing on the way
 
 
 def test_a_waiting_receive_that_others_took_from_waits_on_in_the_next_call():
