@@ -94,7 +94,7 @@ class Lock:
 
     __slots__ = (
         "lock_id", "group", "queue", "owner", "expires_at", "ready_key", "first_id", "last_id",
-        "count", "received_at", "turn", "audit", "settled",
+        "count", "received_at", "turn", "audit", "settled", "to_end",
     )  # fmt: skip
 
     def __init__(
@@ -118,6 +118,9 @@ class Lock:
         self.audit: list[Any] = []  # the received rows, chunk by chunk (actors.store.audit)
         # committed in a group commit still open: released when it commits, no longer settleable
         self.settled = False
+        # its last take held every message then waiting in the group: `last_id` ends a segment
+        # (segments are never extended), so its commit has no segment to cut
+        self.to_end = False
 
     def __repr__(self) -> str:
         return f"Lock({self.lock_id!r}, group={self.group}, queue={self.queue!r})"

@@ -55,7 +55,7 @@ class Receiving(Part):
             runs = st.cache.take(lock.group, lock.count, top)
             if runs is None:
                 runs = self.store.fetch_group(lock.group, top, lock.last_id)
-            return [self._take(lock, runs)]
+            return [self._take(lock, runs, top)]
         target = self._target_group(queue, group_id, handle)
         out: list[ReceivedGroup] = []
         turn = Turn()
@@ -77,7 +77,7 @@ class Receiving(Part):
                 idx.remove(g, idx.pending.get(g, 0))
                 continue
             lock = st.locks.acquire(g, queue, owner, now, lease_s, key, runs[0][0], 0, 0, turn)
-            out.append(self._take(lock, runs))
+            out.append(self._take(lock, runs, top))
             if target is not None:
                 break
         for g in out:  # by the runs, not .messages: those would be built for nothing
@@ -99,14 +99,17 @@ class Receiving(Part):
             )
         return g
 
-    def _take(self, lock: Lock, runs: list[Run]) -> ReceivedGroup:
-        """Put received runs under `lock` and shape them for the caller."""
+    def _take(self, lock: Lock, runs: list[Run], top: int | None) -> ReceivedGroup:
+        """Put received runs (at most `top` messages) under `lock` and shape them for the
+        caller."""
         if runs:
             if lock.count == 0:
                 lock.first_id = runs[0][0]
             last = runs[-1]
             lock.last_id = last[0] + len(last[4]) - 1
-            lock.count += count(runs)
+            n = count(runs)
+            lock.count += n
+            lock.to_end = top is None or n < top  # fewer than asked for: all there was
             lock.audit.append(runs)
         eps = self.state.endpoints
         infos = {}
@@ -192,6 +195,7 @@ class Receiving(Part):
 
         def fn(w: Changes) -> dict[str, Any]:
             received: dict[bool, list[tuple[int, int]]] = {}  # by the queue's retention
+            cut: dict[bool, list[tuple[int, int]]] = {}  # those that may end inside a segment
             retention: dict[str, bool] = {}
             # none was settled before (`held`): undone, none is
             w.undo.append(lambda: [setattr(lk, "settled", False) for lk in committing])
@@ -202,10 +206,12 @@ class Receiving(Part):
                     if retain is None:
                         retain = retention[lk.queue] = st.catalog.queue(lk.queue).retention
                     received.setdefault(retain, []).append((lk.group, lk.last_id))
+                    if not lk.to_end:
+                        cut.setdefault(retain, []).append((lk.group, lk.last_id))
                     w.removals.append(made(Removed, (lk.queue, lk.group, lk.count, True)))
                     w.audit.append(self._audit_group(lk, w.now))
             for retain, ranges in received.items():
-                self.store.remove_received(ranges, retain)
+                self.store.remove_received(ranges, retain, cut.get(retain, []))
             if ops:
                 held = frozenset(lk.group for lk in committing)
                 result = self.conversations.apply_ops(w, ops, held)

@@ -63,18 +63,27 @@ class QueuedMessages:
                 out.append(run)
         return out
 
-    def remove_received(self, ranges: Sequence[tuple[int, int]], retain: bool) -> None:
+    def remove_received(
+        self,
+        ranges: Sequence[tuple[int, int]],
+        retain: bool,
+        cut: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
         """Delete (or, with retention, mark received) groups' waiting messages: per range
         (group_no, last_id), the group's from its first waiting one to `last_id` (a lock's
-        range); one statement per kind for all of them. Held back in a group commit's unit
-        (actors.store.savepoints): these statements commute with inserts (of new ids) and
-        with each other."""
+        range); one statement per kind for all of them. `cut`: those of `ranges` that may end
+        inside a segment (None: any of them), whose segment keeps its messages after
+        `last_id`; the others end where a segment ends, and their commit deletes whole
+        segments only (the usual case: a receive takes all that waits). Held back in a group
+        commit's unit (actors.store.savepoints): these statements commute with inserts (of new
+        ids) and with each other."""
         if retain:
             writes = [(KEEP_RECEIVED, [(last, g, last, last) for g, last in ranges])]
         else:
+            heads = ranges if cut is None else cut
             writes = [
                 (REMOVE_WHOLE, list(ranges)),
-                (REMOVE_HEAD, [(last, g, last, last, last) for g, last in ranges]),
+                (REMOVE_HEAD, [(last, g, last, last, last) for g, last in heads]),
             ]
         for sql, rows in writes:
             if rows and not self.writes.hold(sql, rows):

@@ -69,6 +69,75 @@ def test_receive_top_n_takes_only_the_first_n_messages_and_the_rest_come_after_c
     assert bodies(rest) == [b"c"]
 
 
+def _segment_statements(core):
+    """The store's statements that cut a segment (mark its first messages received) or delete
+    whole ones, as they run."""
+    seen: list[str] = []
+    core.store.db.set_trace_callback(seen.append)
+    return lambda kind: [s for s in seen if s.startswith(kind)]
+
+
+CUTS, DELETES = "UPDATE segments SET taken_to", "DELETE FROM segments"
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_commit_of_all_that_waited_deletes_whole_segments_and_cuts_none(
+    make_core, open_dialog, tmp_path, cached
+):
+    # two sends in one call on one dialog are one segment; the late send is another
+    core = make_core(tmp_path / "b.db")
+    d = open_dialog(core, bodies=[b"a"])
+    core.apply([Send(d.init, "Req", [b"b", b"c"]), Send(d.init, "Req", b"d")])
+    if not cached:  # a restart: the receive reads the store, not the read cache
+        core.store.close()
+        core = make_core(tmp_path / "b.db", catalog=False)
+    statements = _segment_statements(core)
+    (got,) = core.receive("TargetQ")
+    core.apply([Send(d.init, "Req", b"late")])
+
+    core.settle(commit=[got.lock_id])
+
+    assert bodies(got) == [b"a", b"b", b"c", b"d"]
+    assert statements(CUTS) == [] and statements(DELETES) != []
+    (after,) = core.receive("TargetQ")
+    assert bodies(after) == [b"late"]
+
+
+@pytest.mark.parametrize("top", [2, 3])
+def test_a_commit_of_part_of_a_segment_cuts_it_and_its_other_messages_come_next(
+    core, open_dialog, top
+):
+    d = open_dialog(core, bodies=[b"a"])
+    core.apply([Send(d.init, "Req", [b"b", b"c"])])  # one segment: b, c
+    statements = _segment_statements(core)
+    (first,) = core.receive("TargetQ", top=top)  # 2: a and b; 3: all of them, asked for 3
+
+    core.settle(commit=[first.lock_id])
+
+    assert statements(CUTS) != []  # (with exactly `top` taken, more might have waited)
+    assert bodies(first) == [b"a", b"b", b"c"][:top]
+    rest = core.receive("TargetQ")
+    assert [bodies(g) for g in rest] == ([[b"c"]] if top == 2 else [])
+
+
+def test_a_lock_whose_last_receive_took_the_rest_of_a_cut_segment_deletes_it_whole(
+    core, open_dialog
+):
+    d = open_dialog(core, bodies=[b"a"])
+    core.apply([Send(d.init, "Req", [b"b", b"c", b"e"])])
+    group_id, lock_id = core.get_conversation_group("TargetQ")
+    (part,) = core.receive("TargetQ", lock_id=lock_id, top=2)
+    (rest,) = core.receive("TargetQ", lock_id=lock_id)
+    statements = _segment_statements(core)
+
+    assert core.settle(commit=[lock_id])["committed"] == 4
+
+    assert bodies(part) + bodies(rest) == [b"a", b"b", b"c", b"e"]
+    assert statements(CUTS) == []
+    assert core.receive("TargetQ") == []
+    assert core.store.db.execute("SELECT COUNT(*) FROM segments").fetchone() == (0,)
+
+
 def test_a_second_receive_skips_the_locked_group_and_takes_the_next(core, open_dialog):
     open_dialog(core, bodies=[b"first"])
     open_dialog(core, bodies=[b"second"])
@@ -573,6 +642,26 @@ def test_altering_retention_applies_to_what_is_received_after_and_keeps_what_was
     ]
     (got,) = core.receive("RetainQ")
     assert [m.body for m in got.messages] == [b"d"]
+
+
+def test_one_settle_of_a_cut_retention_group_and_a_whole_plain_group_keeps_each_rule(
+    core, open_dialog
+):
+    open_dialog(core, to="Retain", bodies=[b"a", b"b", b"c"])  # one segment
+    open_dialog(core, bodies=[b"x"])
+    (kept,) = core.receive("RetainQ", top=2)  # part of its segment
+    (plain,) = core.receive("TargetQ")  # all of its
+
+    core.settle(commit=[plain.lock_id, kept.lock_id])
+
+    assert [(r["status"], r["sequence_number"]) for r in core.queue_view("RetainQ")] == [
+        ("received", 0),
+        ("received", 1),
+        ("waiting", 2),
+    ]
+    (rest,) = core.receive("RetainQ")
+    assert bodies(rest) == [b"c"]
+    assert core.receive("TargetQ") == []
 
 
 def test_audit_view_has_one_record_per_committed_message_with_conversation_and_sequence(
