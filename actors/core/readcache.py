@@ -24,6 +24,7 @@ class ReadCache:
         self._runs: dict[int, list[Run]] = {}
         self._taken: dict[int, int] = {}  # messages of a group's first run already consumed
         self._sizes: dict[int, int] = {}
+        self._counts: dict[int, int] = {}  # messages in a group's cached runs, consumed or not
 
     def arrived(self, group: int, run: Run, nbytes: int, was_empty: bool) -> None:
         """A run was committed to `group`; `was_empty`: it had no waiting messages before."""
@@ -34,12 +35,14 @@ class ReadCache:
             cached = self._runs[group] = []
             self._taken[group] = 0
             self._sizes[group] = 0
+            self._counts[group] = 0
         elif self.bytes + nbytes > self.max_bytes:
             self.drop(group)
             return
         if type(run[5]) is not tuple:  # a receive hands these bodies out: none may change them
             run = (*run[:5], tuple(run[5]), *run[6:])
         cached.append(run)
+        self._counts[group] += len(run[5])
         self._sizes[group] += nbytes
         self.bytes += nbytes
 
@@ -70,13 +73,18 @@ class ReadCache:
             skip = 0
         return out
 
+    def waiting(self, group: int) -> int | None:
+        """How many messages of `group` wait (received or not), if it is cached."""
+        counted = self._counts.get(group)
+        return None if counted is None else counted - self._taken[group]
+
     def consumed(self, group: int, count: int) -> None:
         """The oldest `count` waiting messages of `group` were committed."""
         cached = self._runs.get(group)
         if cached is None:
             return
         taken = self._taken[group]  # of the first run
-        if count >= sum(len(run[5]) for run in cached) - taken:  # all of it (the usual case)
+        if count >= self._counts[group] - taken:  # all of it (the usual case)
             self.drop(group)
             return
         size = 0
@@ -88,6 +96,7 @@ class ReadCache:
             taken += k
             if taken == len(bodies):
                 del cached[0]
+                self._counts[group] -= taken
                 taken = 0
         self._taken[group] = taken
         self._sizes[group] -= size
@@ -96,7 +105,7 @@ class ReadCache:
     def drop(self, group: int) -> None:
         if self._runs.pop(group, None) is not None:
             self.bytes -= self._sizes.pop(group)
-            del self._taken[group]
+            del self._taken[group], self._counts[group]
 
     def __contains__(self, group: int) -> bool:
         return group in self._runs

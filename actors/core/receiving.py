@@ -52,10 +52,8 @@ class Receiving(Part):
             lock = self.held([lock_id])[0]
             if lock.queue != queue:
                 raise InvalidArgument(f"lock {lock_id} is on queue {lock.queue!r}, not {queue!r}")
-            runs = st.cache.take(lock.group, lock.count, top)
-            if runs is None:
-                runs = self.store.fetch_group(lock.group, top, lock.last_id)
-            return [self._take(lock, runs, top)]
+            runs, to_end = self._waiting(lock.group, lock.count, top, lock.last_id)
+            return [self._take(lock, runs, to_end)]
         target = self._target_group(queue, group_id, handle)
         out: list[ReceivedGroup] = []
         turn = Turn()
@@ -70,14 +68,12 @@ class Receiving(Part):
                 if popped is None:
                     break
                 key, g = popped
-            runs = st.cache.take(g, 0, top)
-            if runs is None:
-                runs = self.store.fetch_group(g, top)
+            runs, to_end = self._waiting(g, 0, top)
             if not runs:  # the index was ahead of the store; it is now corrected
                 idx.remove(g, idx.pending.get(g, 0))
                 continue
             lock = st.locks.acquire(g, queue, owner, now, lease_s, key, runs[0][0], 0, 0, turn)
-            out.append(self._take(lock, runs, top))
+            out.append(self._take(lock, runs, to_end))
             if target is not None:
                 break
         for g in out:  # by the runs, not .messages: those would be built for nothing
@@ -99,17 +95,30 @@ class Receiving(Part):
             )
         return g
 
-    def _take(self, lock: Lock, runs: list[Run], top: int | None) -> ReceivedGroup:
-        """Put received runs (at most `top` messages) under `lock` and shape them for the
-        caller."""
+    def _waiting(
+        self, group: int, skip: int, top: int | None, after_id: int = 0
+    ) -> tuple[list[Run], bool]:
+        """A group's waiting runs after its first `skip` (those after `after_id`), at most
+        `top` messages, from the read cache or else the store; and whether they are all that
+        waits (then the last of them ends a segment: see `Lock.to_end`)."""
+        cache = self.state.cache
+        runs = cache.take(group, skip, top)
+        if runs is not None:
+            waiting = cache.waiting(group)
+            return runs, top is None or waiting is not None and waiting - skip <= count(runs)
+        runs = self.store.fetch_group(group, top, after_id)
+        return runs, top is None or count(runs) < top  # fewer than asked for: all there was
+
+    def _take(self, lock: Lock, runs: list[Run], to_end: bool) -> ReceivedGroup:
+        """Put received runs under `lock` and shape them for the caller; `to_end`: they are
+        all that waited."""
         if runs:
             if lock.count == 0:
                 lock.first_id = runs[0][0]
             last = runs[-1]
             lock.last_id = last[0] + len(last[4]) - 1
-            n = count(runs)
-            lock.count += n
-            lock.to_end = top is None or n < top  # fewer than asked for: all there was
+            lock.count += count(runs)
+            lock.to_end = to_end
             lock.audit.append(runs)
         eps = self.state.endpoints
         infos = {}

@@ -111,3 +111,20 @@ def test_receive_reads_the_store_when_the_cache_is_off_or_full(make_core):
         assert [m.body for m in g.messages + more.messages] == [b"a", b"b", b"c"]
         core.settle(commit=[g.lock_id])
         assert core.receive("TargetQ") == []
+
+
+def test_waiting_counts_a_cached_groups_messages_through_arrivals_and_commits():
+    cache = ReadCache(1 << 20)
+    assert cache.waiting(1) is None  # not cached
+    cache.arrived(1, run(1, n=3), 3 * 65, was_empty=True)
+    cache.arrived(1, run(4, n=2), 2 * 65, was_empty=False)
+    assert cache.waiting(1) == 5
+    cache.consumed(1, 2)  # the first run's first two
+    assert cache.waiting(1) == 3
+    cache.consumed(1, 2)  # the first run's last, the second's first
+    assert cache.waiting(1) == 1
+    assert [r[0] for r in take(cache, 1, 0, None)] == [5]
+    cache.arrived(1, run(6), 65, was_empty=False)
+    assert cache.waiting(1) == 2
+    cache.consumed(1, 2)  # all of it: the group leaves the cache
+    assert cache.waiting(1) is None and 1 not in cache
