@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +44,8 @@ def table(store: Store) -> dict[int, tuple[int, int]]:
 
 
 def journal_rows(store: Store) -> int:
-    return store.db.execute("SELECT COUNT(*) FROM seq_journal").fetchone()[0]
+    """The entries the journal holds (packed: several to a row)."""
+    return sum(1 for _ in seq_journal.entries(store.db))
 
 
 def one_endpoint_at_5_6(path: str) -> Store:
@@ -102,6 +105,46 @@ def test_a_broker_killed_inside_a_transaction_keeps_the_numbers_committed_before
 
     s = Store(path)
     assert numbers(s, 1) == (5, 6) and journal_rows(s) == 1
+    s.close()
+
+
+def test_a_transactions_entries_are_one_row_numbered_in_order(path):
+    s = Store(path)
+    s.upsert_endpoints([_endpoint_row(no) for no in range(1, 51)])
+    with s.tx():
+        s.update_endpoint_seqs([(no, 100 + no, no) for no in range(1, 51)])
+    s.update_endpoint_seqs([(7, 7, 3), (8, 8, 4)])  # outside a transaction: commits on its own
+
+    assert s.db.execute("SELECT COUNT(*) FROM seq_entries").fetchone()[0] == 2
+    want = [(no, no, no, 100 + no) for no in range(1, 51)] + [(51, 3, 7, 7), (52, 4, 8, 8)]
+    assert list(seq_journal.entries(s.db)) == want
+    s.close()
+    s = Store(path)  # read back from the packed rows
+    assert numbers(s, 3) == (7, 7) and numbers(s, 50) == (50, 150)
+    with s.tx():  # and numbered on from where they ended
+        s.update_endpoint_seqs([(9, 9, 1)])
+    assert list(seq_journal.entries(s.db))[-1] == (53, 1, 9, 9)
+    s.close()
+
+
+def test_a_store_journalled_before_the_packing_reads_its_rows_and_drops_them_after_a_sweep(
+    tmp_path, small_sweeps
+):
+    path = str(tmp_path / "old.sqlite")
+    # written by an earlier release: endpoint 1's newest numbers (5, 0) only in `seq_journal`
+    shutil.copy(Path(__file__).parents[1] / "data" / "store-schema2.sqlite", path)
+    s = Store(path)
+    assert numbers(s, 1) == (5, 0) and numbers(s, 2) == (3, 0)
+    assert table(s)[1] == (3, 0)
+    for n in range(30):  # enough entries that a sweep ends
+        with s.tx():
+            s.update_endpoint_seqs([(10 + n, 0, 2)])
+    assert s.db.execute("SELECT COUNT(*) FROM seq_journal").fetchone()[0] == 0
+    assert table(s)[1] == (5, 0)  # folded into the table before its row went
+    assert numbers(s, 1) == (5, 0) and numbers(s, 2) == (39, 0)
+    s.close()
+    s = Store(path)
+    assert numbers(s, 1) == (5, 0) and numbers(s, 2) == (39, 0)
     s.close()
 
 
@@ -220,4 +263,4 @@ def test_a_broker_restarted_between_sweeps_continues_every_dialog_in_order(
         core = make_core(path, catalog=False)
 
     assert all(seqs == list(range(17)) for seqs in received.values())
-    assert core.store.db.execute("SELECT COUNT(*) FROM seq_journal").fetchone()[0] <= 40
+    assert journal_rows(core.store) <= 40
