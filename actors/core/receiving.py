@@ -204,7 +204,7 @@ class Receiving(Part):
 
         def fn(w: Changes) -> dict[str, Any]:
             received: dict[bool, list[tuple[int, int]]] = {}  # by the queue's retention
-            cut: dict[bool, list[tuple[int, int]]] = {}  # those that may end inside a segment
+            cut: list[tuple[int, int]] = []  # deleted ones that may end inside a segment
             retention: dict[str, bool] = {}
             # none was settled before (`held`): undone, none is
             w.undo.append(lambda: [setattr(lk, "settled", False) for lk in committing])
@@ -215,12 +215,12 @@ class Receiving(Part):
                     if retain is None:
                         retain = retention[lk.queue] = st.catalog.queue(lk.queue).retention
                     received.setdefault(retain, []).append((lk.group, lk.last_id))
-                    if not lk.to_end:
-                        cut.setdefault(retain, []).append((lk.group, lk.last_id))
+                    if not (lk.to_end or retain):  # a kept range is marked, never cut
+                        cut.append((lk.group, lk.last_id))
                     w.removals.append(made(Removed, (lk.queue, lk.group, lk.count, True)))
                     w.audit.append(self._audit_group(lk, w.now))
             for retain, ranges in received.items():
-                self.store.remove_received(ranges, retain, cut.get(retain, []))
+                self.store.remove_received(ranges, retain, cut)
             if ops:
                 held = frozenset(lk.group for lk in committing)
                 result = self.conversations.apply_ops(w, ops, held)
