@@ -94,6 +94,7 @@ class Coalescer:
         self._inflight = 0
         self._scheduled = False
         self._watches: dict[str, _Watch] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves, once called
         self.batches = 0  # batches sent (for tests and tuning)
 
     async def call(
@@ -102,7 +103,9 @@ class Coalescer:
         """Send `method(*args)` with whatever else is being called; its own result or error.
         `empty` (a receive's): what a receive whose caller left after it went took is given
         back."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # (asking each time costs Python 3.11 a getpid system call)
+            loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.append(_Queued((method, args), _size(args), future, empty))
         self._schedule(loop)

@@ -51,6 +51,7 @@ class GroupCommit:
         self.uow = uow
         self.after_commit = after_commit
         self._queued: list[_Waiting] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one the next flush runs on
         self.groups = 0  # groups committed (for tests and the metrics)
         self.changes = 0  # changes committed in them
 
@@ -74,10 +75,12 @@ class GroupCommit:
         group looks up every retry at once (see `UnitOfWork.group`). `shares`: the change may
         share one unit with its neighbours that may too (`UnitOfWork.shared`): all its
         effects go through one `UnitOfWork.run`."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self._queued:
+        if self._queued:  # a flush is due on the loop that queued the first of them
+            loop = self._loop
+        else:  # (asking for the running loop costs Python 3.11 a getpid system call)
+            loop = self._loop = asyncio.get_running_loop()
             loop.call_soon(self._flush)
+        future = loop.create_future()
         self._queued.append(_Waiting(change, take, tag, request_id, shares, future))
         return future
 
