@@ -150,7 +150,7 @@ def ingest(
     if partitions is not None:
         _whole("partitions", partitions)
     if rows_per_s is not None and (
-        not isinstance(rows_per_s, int | float)
+        not isinstance(rows_per_s, (int, float))
         or isinstance(rows_per_s, bool)
         or not 0 < rows_per_s < math.inf
     ):

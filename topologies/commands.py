@@ -121,7 +121,7 @@ def _status(args: argparse.Namespace) -> int:
     for name, replicas in view["router_sets"].items():
         for r, rv in replicas.items():
             m = rv.get("mappings", "-")
-            mappings = len(m) if isinstance(m, list | dict) else m
+            mappings = len(m) if isinstance(m, (list, dict)) else m
             print(f"router set {name}: {r}: mappings {mappings}")
     return 0
 

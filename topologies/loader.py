@@ -221,7 +221,7 @@ def _placement(value: Any, at: str) -> Placement:
             _fail(f"{at}.resources", f"a resource name is a non-empty string, not {shown(k)}")
         if k in RAY_OWN:
             _fail(here, "a broker needs no CPU or GPU; place it with a custom resource or a label")
-        number = isinstance(v, int | float) and not isinstance(v, bool)
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
         if not number or not math.isfinite(v) or v <= 0:
             _fail(here, f"an amount is a finite number > 0, not {shown(v)}")
         if v > 1 and v != int(v):  # Ray's rule for resource quantities

@@ -184,7 +184,7 @@ async def read_until_idle(
                     await _settle_one_by_one(port, pending)
                 pending = Outcome()  # (LockNotHeld: the locks are gone; the groups come back)
                 continue
-            if isinstance(exc, ReaderRetired | QueueDisabled | UnknownQueue | BrokerUnavailable):
+            if isinstance(exc, (ReaderRetired, QueueDisabled, UnknownQueue, BrokerUnavailable)):
                 stats.reason = type(exc).__name__
                 return stats
             raise

@@ -143,7 +143,7 @@ class Send:
             for handle in handles:  # find the bad one, to name it
                 _handle("conversation handle", handle)
         message_type = _name("message type", message_type)
-        if isinstance(bodies, bytes | bytearray):
+        if isinstance(bodies, (bytes, bytearray)):
             bodies = (bodies,)
         elif type(bodies) is not list and (
             isinstance(bodies, str) or not isinstance(bodies, Sequence)  # an ABC check: slower
@@ -164,7 +164,7 @@ class Send:
 
 
 def _as_bytes(body: object) -> bytes:
-    if isinstance(body, bytes | bytearray):
+    if isinstance(body, (bytes, bytearray)):
         return bytes(body)
     raise InvalidArgument(f"message bodies must be bytes, not {type(body).__name__}")
 
@@ -410,7 +410,7 @@ def placed(method: str, args: Any, key: CallKey) -> Any:
             return (*args[:4], key)
     elif method == "receive" and len(args) == 6:
         settle = args[4]
-        if isinstance(settle, list | tuple) and len(settle) == 5 and _unnamed(settle[4]):
+        if isinstance(settle, (list, tuple)) and len(settle) == 5 and _unnamed(settle[4]):
             return (*args[:4], (*settle[:4], key), args[5])
     return args
 

@@ -261,7 +261,7 @@ def _value_type(cls: type) -> bool:
     return (
         dataclasses.is_dataclass(cls)
         or (issubclass(cls, tuple) and hasattr(cls, "_fields"))  # a NamedTuple
-        or issubclass(cls, enum.Enum | BaseException)
+        or issubclass(cls, (enum.Enum, BaseException))
     )
 
 

@@ -113,7 +113,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def check_order(order: object) -> Order:
     """A call's (client id, number, floor), as `Issuer.order` makes it; anything else is refused
     before it can touch another client's order."""
-    if isinstance(order, tuple | list) and len(order) == 3:
+    if isinstance(order, (tuple, list)) and len(order) == 3:
         client, seq, floor = order
         if (
             type(client) is str

@@ -320,6 +320,6 @@ def holders_once(calls: list[Call]) -> list[Call]:
 def _size(args: tuple[Any, ...]) -> int:
     size = 0
     for a in args:
-        if isinstance(a, bytes | bytearray):
+        if isinstance(a, (bytes, bytearray)):
             size += len(a)
     return size

@@ -35,7 +35,7 @@ LockRef = ReceivedGroup | str  # a received group, or its lock id
 
 def lock_ids(groups: Iterable[LockRef] | LockRef) -> list[str]:
     """Lock ids from received groups or lock ids (one or many)."""
-    if isinstance(groups, ReceivedGroup | str):
+    if isinstance(groups, (ReceivedGroup, str)):
         groups = [groups]
     out = []
     for g in checks.items("groups to commit or roll back", groups):
@@ -227,7 +227,7 @@ class Verbs:
             "lease_s": lease,
         }
         if lock is not None:
-            if not isinstance(lock, ReceivedGroup | str):
+            if not isinstance(lock, (ReceivedGroup, str)):
                 raise InvalidArgument(
                     f"lock must be one received group or one lock id, not {type(lock).__name__}"
                 )

@@ -30,7 +30,7 @@ class Admin(Part):
     def create(self, defn: Definition, request_id: str | None = None) -> None:
         """CREATE MESSAGE TYPE / CONTRACT / QUEUE / SERVICE."""
         st = self.state
-        if isinstance(defn, Service) and isinstance(defn.contracts, list | set):
+        if isinstance(defn, Service) and isinstance(defn.contracts, (list, set)):
             defn = Service(defn.name, defn.queue, tuple(defn.contracts))
 
         def fn(w: Changes) -> None:
@@ -222,7 +222,7 @@ def _resolve_lifetime(fields: Mapping[str, Any], now: float) -> dict[str, Any]:
         if "expires_at" in out:
             raise InvalidArgument("give a route either lifetime or expires_at, not both")
         life = out.pop("lifetime")
-        ok = life is None or (isinstance(life, int | float) and not isinstance(life, bool))
+        ok = life is None or (isinstance(life, (int, float)) and not isinstance(life, bool))
         if not ok or (life is not None and not (math.isfinite(life) and life > 0)):
             raise InvalidArgument(
                 f"route lifetime must be None or a finite number of seconds > 0, not {life!r}"

@@ -186,7 +186,7 @@ class UnitOfWork:
         self._group = g = _Group()
         try:
             with self.store.tx():
-                ids = list({r for r in request_ids if isinstance(r, str | CallKey) and r})
+                ids = list({r for r in request_ids if isinstance(r, (str, CallKey)) and r})
                 if ids:
                     g.found = self.store.request_results(ids)
                     g.looked_up = set(ids)

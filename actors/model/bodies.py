@@ -49,7 +49,7 @@ def too_deep(value: object, limit: int) -> bool:
         item, depth = stack.pop()
         if isinstance(item, Mapping):
             inner: Any = [*item.keys(), *item.values()]
-        elif isinstance(item, list | tuple):
+        elif isinstance(item, (list, tuple)):
             inner = item
         else:
             continue
@@ -79,7 +79,7 @@ _SPACE = " \t\n\r"  # JSON's whitespace
 
 def _loads(body: bytes) -> Any:
     """`json.loads(body, parse_constant=_no_constants)`, with the one decoder."""
-    if isinstance(body, bytes | bytearray):
+    if isinstance(body, (bytes, bytearray)):
         # json.detect_encoding's answer is UTF-8 unless a BOM or a zero byte leads: most bodies
         # are told so without calling it
         plain = body and body[0] not in _NOT_PLAIN and (len(body) < 2 or body[1])
@@ -340,7 +340,7 @@ def json_data(value: Any) -> bool:
     stack = [value]
     while stack:
         item = stack.pop()
-        if item is None or isinstance(item, bool | str | int):
+        if item is None or isinstance(item, (bool, str, int)):
             continue
         if isinstance(item, float):
             if not math.isfinite(item):

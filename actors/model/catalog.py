@@ -148,7 +148,7 @@ def to_record(defn: Definition) -> dict[str, Any]:
     if isinstance(defn, Contract):
         with contextlib.suppress(TypeError, ValueError):  # not pairs: check_valid says so
             rec["messages"] = dict(defn.messages)
-    if isinstance(defn, Service) and isinstance(defn.contracts, list | tuple | set | frozenset):
+    if isinstance(defn, Service) and isinstance(defn.contracts, (list, tuple, set, frozenset)):
         rec["contracts"] = list(defn.contracts)
     return rec
 
@@ -252,7 +252,7 @@ class Catalog:
                     f"message type {defn.name!r}: give a schema exactly when validation is "
                     "'json_schema'"
                 )
-            if defn.schema is not None and not isinstance(defn.schema, Mapping | bool):
+            if defn.schema is not None and not isinstance(defn.schema, (Mapping, bool)):
                 raise InvalidDefinition(
                     f"message type {defn.name!r}: a JSON schema is an object (dict), not "
                     f"{type(defn.schema).__name__}"
@@ -300,7 +300,7 @@ class Catalog:
                 )
             if defn.queue not in self.queues:
                 raise UnknownQueue(defn.queue, f"service {defn.name!r} names it")
-            if not isinstance(defn.contracts, tuple | list) or not all(
+            if not isinstance(defn.contracts, (tuple, list)) or not all(
                 isinstance(c, str) for c in defn.contracts
             ):
                 raise InvalidDefinition(
@@ -468,7 +468,7 @@ def check_activation(
             )
     for name in ("idle_timeout", "lease"):
         value = getattr(act, name)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not (number and math.isfinite(value) and value > 0):
             raise InvalidDefinition(
                 f"queue {queue!r}: activation {name} must be > 0 seconds, got {value!r}"

@@ -21,7 +21,7 @@ def seconds(what: str, value: Any, *, zero: bool = False, none: bool = False) ->
     """A finite time in seconds: > 0 (>= 0 with `zero`), at most MAX_SECONDS; None if `none`."""
     if value is None and none:
         return None
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok and isinstance(value, int) and value > MAX_SECONDS:  # isfinite() overflows on a huge int
         raise InvalidArgument(
             f"{what} must be at most {MAX_SECONDS:.0f} seconds, not {shown(value)}"
@@ -82,7 +82,7 @@ def page(after_id: Any, limit: Any) -> None:
 
 def items(what: str, value: Any) -> list[Any]:
     """A list, tuple or other iterable of items (not a string, bytes or mapping), as a list."""
-    if isinstance(value, str | bytes | bytearray | dict) or not hasattr(value, "__iter__"):
+    if isinstance(value, (str, bytes, bytearray, dict)) or not hasattr(value, "__iter__"):
         raise InvalidArgument(f"{what} must be a list, not {type(value).__name__}")
     return list(value)
 

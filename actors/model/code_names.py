@@ -30,7 +30,7 @@ def handler_path(fn: Any) -> str:
     """The "module:function" path of a module-level function; refused for anything else."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     bound = getattr(fn, "__self__", None)
-    if bound is not None and not isinstance(bound, type | types.ModuleType):
+    if bound is not None and not isinstance(bound, (type, types.ModuleType)):
         raise InvalidDefinition(
             f"handler {fn!r} is a bound method; a handler is called without an instance, so "
             "pass a module-level function (or a staticmethod/classmethod)"
@@ -71,7 +71,7 @@ def check_code_name(path: Any, allowed: Sequence[str]) -> str:
 
 def check_code_modules(value: Any) -> tuple[str, ...]:
     """A broker's `code_modules` limit: module or package names (a list or tuple of them)."""
-    if isinstance(value, str) or not isinstance(value, list | tuple):
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise InvalidArgument(
             f"limit code_modules must be a list of module names, not {type(value).__name__}"
         )

@@ -175,7 +175,7 @@ class Route:
                 )
             object.__setattr__(self, "mirror_address", str(mirror))
         if self.expires_at is not None:
-            ok = isinstance(self.expires_at, int | float) and not isinstance(self.expires_at, bool)
+            ok = isinstance(self.expires_at, (int, float)) and not isinstance(self.expires_at, bool)
             if not ok or not math.isfinite(self.expires_at):
                 raise InvalidArgument(
                     f"route {self.name!r}: expires_at {self.expires_at!r} must be a finite "

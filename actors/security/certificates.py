@@ -37,7 +37,7 @@ class CertInfo(NamedTuple):
 def make(subject: str, days: float, now: float) -> tuple[str, rsa.RSAPrivateKey]:
     """A new RSA key and a self-signed certificate for it, valid from `now` for `days` days:
     the certificate's PEM and the private key."""
-    if not isinstance(days, int | float) or isinstance(days, bool) or not 0 < days <= 36_500:
+    if not isinstance(days, (int, float)) or isinstance(days, bool) or not 0 < days <= 36_500:
         raise InvalidDefinition(f"a certificate is valid for 0 to 36,500 days, not {days!r}")
     key = rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])

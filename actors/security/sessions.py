@@ -337,7 +337,7 @@ def _call_fields(blob: bytes) -> list | None:
     # a plain call (a list of bundles) is told apart by its first bytes: unpacked here, every
     # body in it would be decoded only to be thrown away (and again by the bundles' reading);
     # what is not bytes at all, the bundles' reading refuses
-    if not isinstance(blob, bytes | bytearray) or blob[: len(_SIGNED_HEAD)] != _SIGNED_HEAD:
+    if not isinstance(blob, (bytes, bytearray)) or blob[: len(_SIGNED_HEAD)] != _SIGNED_HEAD:
         return None
     try:
         fields = msgpack.unpackb(blob, raw=False)

@@ -281,7 +281,7 @@ class BrokerService(BatchVerbs, RouteVerbs, ViewVerbs, Waiting):
     def _start_apply(self, ops: bytes, request_id: RequestId | None) -> asyncio.Future:
         unpacked = unpack_ops(ops)
         shares = sends_only(unpacked)
-        if not shares and any(isinstance(op, Begin | Timer) for op in unpacked):
+        if not shares and any(isinstance(op, (Begin, Timer)) for op in unpacked):
             self._poke.set()  # a lifetime or a timer may now be due sooner than the clock knows
         return self.commits.enqueue(
             lambda: self.core.apply(unpacked, request_id), request_id=request_id, shares=shares

@@ -138,7 +138,7 @@ class BatchVerbs:
         `BATCH_VERBS`, started in the order given, their changes group-committed; returns one
         (ok, result or error) per call, so each caller gets its own answer. A receive here
         does not wait: the client waits through `wait_take`."""
-        if not isinstance(batch, list | tuple):
+        if not isinstance(batch, (list, tuple)):
             raise InvalidArgument(f"a batch of calls must be a list, not {type(batch).__name__}")
         await self._order.turn(order)
         self.replies.passed(order[0], order[2])
@@ -156,25 +156,25 @@ class BatchVerbs:
             try:
                 out.append((True, await answer))
             except Exception as exc:  # this caller's error; the batch's other calls go on
-                method = entry[0] if isinstance(entry, list | tuple) and entry else entry
+                method = entry[0] if isinstance(entry, (list, tuple)) and entry else entry
                 out.append((False, refusal(method, exc)))
         if self.metrics is not None:  # one observation per verb the batch carried
             elapsed = time.perf_counter() - started
-            verbs = {metric_label(e[0]) for e in batch if isinstance(e, list | tuple) and e}
+            verbs = {metric_label(e[0]) for e in batch if isinstance(e, (list, tuple)) and e}
             for method in verbs:
                 self.metrics.observe_call(method, elapsed)
         return out
 
     def _start_batched(self, entry: Any, key: CallKey) -> asyncio.Future:
         try:
-            if not (isinstance(entry, list | tuple) and len(entry) == 2):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
                 raise InvalidArgument(f"a batched call must be (method, args), not {entry!r}")
             method, args = entry
             if type(method) is not str or method not in BATCH_VERBS:
                 raise InvalidArgument(
                     f"{method!r} cannot be batched; batch one of {sorted(BATCH_VERBS)}"
                 )
-            if not isinstance(args, list | tuple) or len(args) != BATCH_ARITY[method]:
+            if not isinstance(args, (list, tuple)) or len(args) != BATCH_ARITY[method]:
                 raise InvalidArgument(
                     f"the arguments of a batched {method} must be a list of "
                     f"{BATCH_ARITY[method]}, not {shown(args)}"
@@ -204,7 +204,7 @@ class BatchVerbs:
         timeout = checks.seconds("timeout", timeout, zero=True)
         if type(queue) is not str:
             raise InvalidArgument(f"queue must be a queue's name, not {shown(queue)}")
-        if not isinstance(takes, list | tuple):
+        if not isinstance(takes, (list, tuple)):
             raise InvalidArgument(f"takes must be a list, not {type(takes).__name__}")
         started = time.monotonic()
         nothing = [(True, NOTHING)] * len(takes)
@@ -224,7 +224,7 @@ class BatchVerbs:
 
     def _take_waiting(self, queue: str, take: Any, waited: float) -> tuple[bool, Any]:
         try:
-            if not (isinstance(take, list | tuple) and len(take) == 6):
+            if not (isinstance(take, (list, tuple)) and len(take) == 6):
                 raise InvalidArgument(f"a take must be a receive's arguments, not {take!r}")
             at, left, options, owner, _settle, reader = take
             if at != queue:

@@ -67,8 +67,8 @@ def takes_locks(method: str, args: tuple[Any, ...]) -> bool:
     """Whether a call of `method` with `args` (as `call` / `calls` get them) may take locks."""
     if method == "calls":
         batch = args[0] if args else None
-        return isinstance(batch, list | tuple) and any(
-            isinstance(e, list | tuple) and e and e[0] == "receive" for e in batch
+        return isinstance(batch, (list, tuple)) and any(
+            isinstance(e, (list, tuple)) and e and e[0] == "receive" for e in batch
         )
     return method in LOCKING
 

@@ -173,7 +173,7 @@ class TransmissionRows:
             (now, DUE_PROBE),
         ).fetchall()
         if len(probed) < DUE_PROBE:  # few: every due row is one of these
-            skip = skip if isinstance(skip, set | frozenset) else set(skip)
+            skip = skip if isinstance(skip, (set, frozenset)) else set(skip)
             due = [i for i, ep in probed if ep not in skip]
             if not due:  # none, or all of dialogs being sent: nothing more to read
                 return []

@@ -87,7 +87,7 @@ MAX_SEQ = 2**63 - 1  # SQLite's INTEGER
 def unpack_bundles(blob: Any) -> list[Any] | str:
     """The raw bundles of a call (read each with `read_bundle`), or why the call cannot be read
     at all. Anything may arrive here: another broker, an older version or a hostile peer."""
-    if not isinstance(blob, bytes | bytearray):
+    if not isinstance(blob, (bytes, bytearray)):
         return f"a call must carry bytes, not {type(blob).__name__}"
     try:
         raws = msgpack.unpackb(blob, raw=False)
