@@ -44,9 +44,13 @@ class WorkingSet(Generic[V]):
         return self.get(no) is not None  # type: ignore[arg-type]
 
     def __getitem__(self, no: int) -> V:
-        item = self.get(no)
+        item = self._items.get(no)  # `get` in line: a hit (nearly every lookup) makes no call
         if item is None:
-            raise KeyError(no)
+            item = self.get(no)
+            if item is None:
+                raise KeyError(no)
+        elif self._tracking:
+            self._items.move_to_end(no)
         return item
 
     def get(self, no: int) -> V | None:
