@@ -13,6 +13,7 @@ code.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,9 @@ PURE_ENV = "RAYBROKER_PURE"
 
 class FreshSource(MetaPathFinder):
     """Finds `package`'s submodules as the path would, but runs a compiled module's source
-    instead when `pure`, or when `checkout` and the source is newer than it."""
+    instead when `pure`, or when `checkout` and the source is newer than it, or newer than a
+    module it was compiled against (a `cimport` in its .pxd: an extension type it extends, which
+    runs as a plain class once its own source runs)."""
 
     def __init__(self, package: str, pure: bool = False, checkout: bool = True) -> None:
         self.prefix = package + "."
@@ -44,19 +47,50 @@ class FreshSource(MetaPathFinder):
         built = spec.origin or ""
         source = os.path.join(os.path.dirname(built), name.rpartition(".")[2] + ".py")
         try:
-            stale = self.checkout and os.stat(source).st_mtime_ns > os.stat(built).st_mtime_ns
+            changed = self._changed(name, built) if self.checkout else None
         except OSError:  # no source beside it: the compiled file is all there is
             return spec
-        if stale and not self.pure:
+        if changed and not self.pure:
             warnings.warn(
-                f"{source} changed after it was compiled: it runs as plain Python (slower) "
-                "until `pip install -e .` compiles it again",
+                f"{changed} changed after {'it' if changed == source else source} was "
+                "compiled: it runs as plain Python (slower) until `pip install -e .` compiles "
+                "it again",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        if stale or self.pure:
+        if changed or self.pure:
             return spec_from_file_location(name, source)
         return spec
+
+    def _changed(self, name: str, built: str) -> str | None:
+        """The source that changed after module `name` was compiled (to `built`): its own, or
+        that of a module of the package it was compiled against; None if none did."""
+        folder = os.path.dirname(built)
+        source = os.path.join(folder, name.rpartition(".")[2] + ".py")
+        if os.stat(source).st_mtime_ns > os.stat(built).st_mtime_ns:
+            return source
+        root = folder
+        for _ in range(name.count(".")):
+            root = os.path.dirname(root)
+        for dep in compiled_against(source[: -len(".py")] + ".pxd"):
+            if not dep.startswith(self.prefix):
+                continue
+            dep_built = os.path.join(root, *dep.split(".")) + EXTENSION_SUFFIXES[0]
+            if os.path.exists(dep_built) and (changed := self._changed(dep, dep_built)):
+                return changed
+        return None
+
+
+def compiled_against(pxd: str) -> list[str]:
+    """The modules a compiled module's declarations (`pxd`, if there is one) `cimport`."""
+    try:
+        with open(pxd, encoding="utf-8") as f:
+            return _CIMPORT.findall(f.read())
+    except OSError:
+        return []
+
+
+_CIMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+cimport\b", re.MULTILINE)
 
 
 def install(package: str) -> None:

@@ -12,7 +12,7 @@ from itertools import groupby
 
 from actors.core.changes import Arrived, Changes, Removed
 from actors.core.readcache import ROW_OVERHEAD
-from actors.core.work import Part
+from actors.core.work import Part, UnitOfWork
 from actors.errors import ContractViolation
 from actors.ids import new_uuid
 from actors.model.catalog import (
@@ -40,10 +40,13 @@ from actors.store import audit
 
 
 class Delivery(Part):
-    # A router replica's first message of a new inbound dialog: (unit, endpoint, message type,
-    # first body) -> the outbound dialog it began (relaying `ep`) to send the messages on, or
-    # None to queue them for the router's handler (`Conversations.route_first`).
-    route_first: Callable[[Changes, Endpoint, str, bytes], Endpoint | None] | None = None
+    def __init__(self, uow: UnitOfWork) -> None:
+        super().__init__(uow)
+        # A router replica's first message of a new inbound dialog: (unit, endpoint, message
+        # type, first body) -> the outbound dialog it began (relaying `ep`) to send the
+        # messages on, or None to queue them for the router's handler
+        # (`Conversations.route_first`).
+        self.route_first: Callable[[Changes, Endpoint, str, bytes], Endpoint | None] | None = None
 
     # --- routing decisions ---------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from actors.packing import made
 from actors.runs import Run, count, rows_of, runs_of
 from actors.store import audit
 
+SETTLE = "Receiving.settle"  # a settle's name in its request record (stores keep it)
+
 
 class Receiving(Part):
     def __init__(self, uow: UnitOfWork, conversations: Conversations) -> None:
@@ -180,7 +182,7 @@ class Receiving(Part):
         (sends, ends, begins, timers made while holding the locks) and writes each group's state,
         all in one transaction. Rolling back returns the messages to the queue."""
         if request_id is not None:
-            found, result = self.uow.recorded(request_id, "Receiving.settle")
+            found, result = self.uow.recorded(request_id, SETTLE)
             if found:  # already applied (its locks are gone): the same answer
                 return result
         st = self.state
@@ -237,7 +239,7 @@ class Receiving(Part):
             result["committed"] = committed
             return result
 
-        result = self.uow.run(fn, request_id, checked=True)
+        result = self.uow.run(fn, request_id, checked=True, verb=SETTLE)
         self.rollback(rolling, "rolled back")
         return result
 

@@ -83,25 +83,31 @@ class UnitOfWork:
         self._shared: _Shared | None = None  # the open shared unit, if any
 
     def run(
-        self, fn: Callable[[Changes], T], request_id: RequestId | None = None, checked: bool = False
+        self,
+        fn: Callable[[Changes], T],
+        request_id: RequestId | None = None,
+        checked: bool = False,
+        verb: str | None = None,
     ) -> T:
         """Run `fn` in one transaction; on any error undo everything it did. With a
         `request_id`, a call already applied under it answers as it did then (`checked`: the
-        caller has looked already). Inside `group`, the transaction is the group's and `fn`
-        gets a savepoint of its own."""
+        caller has looked already); `verb` names the call in its record (else the method `fn`
+        was made in: a compiled extension type's closures do not carry their class's name).
+        Inside `group`, the transaction is the group's and `fn` gets a savepoint of its own."""
         g = self._group
+        if request_id is not None and verb is None:
+            verb = _verb(fn)
         if request_id is not None and not checked and not self._fresh(g, request_id):
-            found, result = self.recorded(request_id, _verb(fn))
+            found, result = self.recorded(request_id, verb)
             if found:  # a retry of a call that already committed
                 return result
         s = self._shared
         if s is not None and g is not None:  # one of a run of calls (see `shared`)
             result = fn(s.w)  # an error fails the whole shared unit (its caller then goes alone)
             if request_id is not None:
-                g.requests[request_id] = (request_id, s.w.now, packb([_verb(fn), result]))
+                g.requests[request_id] = (request_id, s.w.now, packb([verb, result]))
                 s.request_ids.append(request_id)
             return result
-        verb = _verb(fn)
         w = Changes(now=self.clock())
         try:
             with self.store.savepoint() if g is not None else self.store.tx():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from actors.core.changes import Group
 from actors.model.dialogs import Endpoint
@@ -21,7 +21,7 @@ from actors.model.dialogs import Endpoint
 V = TypeVar("V")
 
 
-class WorkingSet(Generic[V]):
+class WorkingSet:  # of V (not `Generic[V]`: compiled, it is an extension type; see the .pxd)
     """Objects by number, the `capacity` most recently used kept; a miss reads the store."""
 
     def __init__(self, capacity: int, load: Callable[[int], V | None]) -> None:
@@ -111,7 +111,7 @@ class WorkingSet(Generic[V]):
         """`item` was evicted (already out of the numbers' map)."""
 
 
-class Endpoints(WorkingSet[Endpoint]):
+class Endpoints(WorkingSet):  # of Endpoint
     """Endpoints by number, handle and (conversation id, is initiator)."""
 
     def __init__(
@@ -172,7 +172,7 @@ class Endpoints(WorkingSet[Endpoint]):
         self._on_evict(item)
 
 
-class Groups(WorkingSet[Group]):
+class Groups(WorkingSet):  # of Group
     """Conversation groups by number and by group id."""
 
     def __init__(

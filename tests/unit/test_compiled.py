@@ -4,8 +4,10 @@ that CI makes runs every module pyproject.toml names compiled."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
+import re
 import sys
 import tomllib
 import warnings
@@ -28,14 +30,20 @@ def _package(tmp_path: Path, source_age: int) -> tuple[str, Path]:
     folder = tmp_path / name
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    source = folder / "mod.py"
-    source.write_text("VALUE = 2\n")
-    built = folder / f"mod{EXTENSION_SUFFIXES[0]}"
+    _module(folder, "mod", "VALUE = 2\n", source_age)
+    return name, folder
+
+
+def _module(folder: Path, stem: str, text: str, source_age: int) -> None:
+    """`stem`.py holding `text`, and a compiled file (not a real one) `source_age` seconds
+    after it."""
+    source = folder / f"{stem}.py"
+    source.write_text(text)
+    built = folder / f"{stem}{EXTENSION_SUFFIXES[0]}"
     built.write_bytes(b"not a real extension")
     at = 1_700_000_000
     os.utime(source, (at, at))
     os.utime(built, (at + source_age, at + source_age))
-    return name, folder
 
 
 def test_a_module_compiled_after_its_source_was_written_loads_compiled(tmp_path: Path) -> None:
@@ -63,6 +71,34 @@ def test_a_source_edited_after_the_build_runs_as_source_and_says_so(tmp_path: Pa
         sys.path.remove(str(tmp_path))
         for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
             del sys.modules[key]
+
+
+def _extending(name: str, folder: Path, base_age: int) -> None:
+    """Beside `name`'s `mod`: `base.py` and a compiled file `base_age` seconds after it, and
+    mod.pxd declaring that mod's classes extend one of base's (a `cimport`)."""
+    _module(folder, "base", "class Base:\n    pass\n", base_age)
+    (folder / "mod.pxd").write_text(f"from {name}.base cimport Base\n\ncdef class Sub(Base):\n")
+
+
+def test_a_module_runs_as_source_when_one_it_was_compiled_against_did_change(
+    tmp_path: Path,
+) -> None:
+    """A compiled class that extends a compiled class of another module cannot load once that
+    module runs as source (its class is then a plain one): both run as source."""
+    name, folder = _package(tmp_path, source_age=60)
+    _extending(name, folder, base_age=-60)
+    with pytest.warns(RuntimeWarning, match=r"base\.py changed after .*mod\.py was compiled"):
+        spec = FreshSource(name).find_spec(f"{name}.mod", [str(folder)])
+    assert spec is not None and spec.origin == str(folder / "mod.py")
+
+
+def test_a_module_compiled_against_an_unchanged_one_loads_compiled(tmp_path: Path) -> None:
+    name, folder = _package(tmp_path, source_age=60)
+    _extending(name, folder, base_age=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = FreshSource(name).find_spec(f"{name}.mod", [str(folder)])
+    assert spec is not None and isinstance(spec.loader, ExtensionFileLoader)
 
 
 def test_an_installed_wheel_loads_compiled_whatever_its_files_times(tmp_path: Path) -> None:
@@ -100,3 +136,54 @@ def test_the_install_runs_every_module_it_names_compiled() -> None:
     if missing and not os.environ.get("CI"):
         pytest.skip(f"not compiled here (a pure or stale build): {missing[:3]} ...")
     assert missing == []
+
+
+def _declared(pxd: Path) -> dict[str, tuple[str | None, set[str]]]:
+    """A .pxd's extension types: name -> (base, its declared fields)."""
+    types: dict[str, tuple[str | None, set[str]]] = {}
+    current = None
+    for line in pxd.read_text().splitlines():
+        head = re.match(r"cdef class (\w+)(?:\((\w+)\))?:", line)
+        if head:
+            current = head.group(1)
+            types[current] = (head.group(2), set())
+        elif current and (fields := re.match(r"\s+cdef public object (.+)", line)):
+            types[current][1].update(f.strip() for f in fields.group(1).split(","))
+    return types
+
+
+def _assigned(source: Path, cls: str) -> set[str]:
+    """The attributes `cls`'s methods in `source` set on `self`."""
+    tree = ast.parse(source.read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    names = set()
+    for sub in ast.walk(node):
+        targets = sub.targets if isinstance(sub, ast.Assign) else [getattr(sub, "target", None)]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                names.add(target.attr)
+    return names
+
+
+def test_every_attribute_a_compiled_class_sets_is_declared() -> None:
+    """A class a .pxd declares compiles as an extension type: it has no __dict__, so an
+    attribute its methods set that the .pxd does not declare fails when it runs compiled
+    (never as Python). Every .pxd beside a compiled module declares all of them."""
+    pxds = sorted((ROOT / "actors").rglob("*.pxd"))
+    assert pxds, "no .pxd found"
+    types = {}  # class -> (its .pxd, base, own fields)
+    for pxd in pxds:
+        module = ".".join(pxd.relative_to(ROOT).with_suffix("").parts)
+        assert module in COMPILED, f"{pxd} declares types of a module that is not compiled"
+        types.update({cls: (pxd, *decl) for cls, decl in _declared(pxd).items()})
+
+    def fields(cls: str | None) -> set[str]:
+        return set() if cls is None else types[cls][2] | fields(types[cls][1])
+
+    for cls, (pxd, _, _) in types.items():
+        missing = _assigned(pxd.with_suffix(".py"), cls) - fields(cls)
+        assert not missing, f"{pxd.name}: {cls} sets {sorted(missing)}, undeclared"
