@@ -27,9 +27,9 @@ PURE_ENV = "RAYBROKER_PURE"
 
 class FreshSource(MetaPathFinder):
     """Finds `package`'s submodules as the path would, but runs a compiled module's source
-    instead when `pure`, or when `checkout` and the source is newer than it, or newer than a
-    module it was compiled against (a `cimport` in its .pxd: an extension type it extends, which
-    runs as a plain class once its own source runs)."""
+    instead when `pure`, or when `checkout` and the source is newer than it, or when a module
+    it was compiled against (a `cimport` in its .pxd: an extension type it extends) runs as
+    source, where that type is a plain class."""
 
     def __init__(self, package: str, pure: bool = False, checkout: bool = True) -> None:
         self.prefix = package + "."
@@ -47,28 +47,28 @@ class FreshSource(MetaPathFinder):
         built = spec.origin or ""
         source = os.path.join(os.path.dirname(built), name.rpartition(".")[2] + ".py")
         try:
-            changed = self._changed(name, built) if self.checkout else None
+            why = self._stale(name, built)
         except OSError:  # no source beside it: the compiled file is all there is
             return spec
-        if changed and not self.pure:
+        if why and not self.pure:
             warnings.warn(
-                f"{changed} changed after {'it' if changed == source else source} was "
-                "compiled: it runs as plain Python (slower) until `pip install -e .` compiles "
-                "it again",
+                f"{why}: {source} runs as plain Python (slower) until `pip install -e .` "
+                "compiles it again",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        if changed or self.pure:
+        if why or self.pure:
             return spec_from_file_location(name, source)
         return spec
 
-    def _changed(self, name: str, built: str) -> str | None:
-        """The source that changed after module `name` was compiled (to `built`): its own, or
-        that of a module of the package it was compiled against; None if none did."""
+    def _stale(self, name: str, built: str) -> str | None:
+        """Why module `name`'s compiled file (`built`) must not load, or None: in a checkout,
+        its source changed after it was compiled; anywhere, a module of the package it was
+        compiled against is not compiled or (in a checkout) is stale itself."""
         folder = os.path.dirname(built)
         source = os.path.join(folder, name.rpartition(".")[2] + ".py")
-        if os.stat(source).st_mtime_ns > os.stat(built).st_mtime_ns:
-            return source
+        if self.checkout and os.stat(source).st_mtime_ns > os.stat(built).st_mtime_ns:
+            return f"{source} changed after it was compiled"
         root = folder
         for _ in range(name.count(".")):
             root = os.path.dirname(root)
@@ -76,8 +76,11 @@ class FreshSource(MetaPathFinder):
             if not dep.startswith(self.prefix):
                 continue
             dep_built = os.path.join(root, *dep.split(".")) + EXTENSION_SUFFIXES[0]
-            if os.path.exists(dep_built) and (changed := self._changed(dep, dep_built)):
-                return changed
+            if not os.path.exists(dep_built):
+                return f"{source} was compiled against {dep}, which is not compiled"
+            why = self._stale(dep, dep_built)
+            if why:
+                return f"{source} was compiled against {dep}, and {why}"
         return None
 
 

@@ -87,9 +87,23 @@ def test_a_module_runs_as_source_when_one_it_was_compiled_against_did_change(
     module runs as source (its class is then a plain one): both run as source."""
     name, folder = _package(tmp_path, source_age=60)
     _extending(name, folder, base_age=-60)
-    with pytest.warns(RuntimeWarning, match=r"base\.py changed after .*mod\.py was compiled"):
+    with pytest.warns(RuntimeWarning, match=r"against .*\.base, and .*base\.py changed after"):
         spec = FreshSource(name).find_spec(f"{name}.mod", [str(folder)])
     assert spec is not None and spec.origin == str(folder / "mod.py")
+
+
+def test_a_module_runs_as_source_when_one_it_was_compiled_against_is_not_compiled(
+    tmp_path: Path,
+) -> None:
+    """A module that failed to compile runs as Python (setup.py goes on without it): those
+    compiled against it must too, installed or not."""
+    name, folder = _package(tmp_path, source_age=60)
+    _extending(name, folder, base_age=60)
+    (folder / f"base{EXTENSION_SUFFIXES[0]}").unlink()
+    for checkout in (True, False):
+        with pytest.warns(RuntimeWarning, match=r"against .*\.base, which is not compiled"):
+            spec = FreshSource(name, checkout=checkout).find_spec(f"{name}.mod", [str(folder)])
+        assert spec is not None and spec.origin == str(folder / "mod.py")
 
 
 def test_a_module_compiled_against_an_unchanged_one_loads_compiled(tmp_path: Path) -> None:
