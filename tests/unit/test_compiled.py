@@ -167,20 +167,17 @@ def _declared(pxd: Path) -> dict[str, tuple[str | None, set[str]]]:
 
 
 def _assigned(source: Path, cls: str) -> set[str]:
-    """The attributes `cls`'s methods in `source` set on `self`."""
+    """The attributes `cls`'s methods in `source` set on `self` (`self.a, self.b = ...` too)."""
     tree = ast.parse(source.read_text())
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
-    names = set()
-    for sub in ast.walk(node):
-        targets = sub.targets if isinstance(sub, ast.Assign) else [getattr(sub, "target", None)]
-        for target in targets:
-            if (
-                isinstance(target, ast.Attribute)
-                and isinstance(target.value, ast.Name)
-                and target.value.id == "self"
-            ):
-                names.add(target.attr)
-    return names
+    return {
+        sub.attr
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Attribute)
+        and isinstance(sub.ctx, ast.Store)
+        and isinstance(sub.value, ast.Name)
+        and sub.value.id == "self"
+    }
 
 
 def test_every_attribute_a_compiled_class_sets_is_declared() -> None:
