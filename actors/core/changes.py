@@ -13,8 +13,6 @@ from typing import Any, NamedTuple
 
 from actors.model.dialogs import Endpoint
 
-_blank = object.__new__
-
 
 @dataclass
 class Group:
@@ -70,7 +68,7 @@ class Changes:
         self.arrivals: list[Arrived] = []
         self.removals: list[Removed] = []
         self.transmission: list[tuple[Any, ...]] = []
-        self.touched: dict[int, Endpoint] = {}  # no -> snapshot before change
+        self.touched: dict[int, dict[str, Any]] = {}  # no -> its fields before the change
         # those of them changed beyond their sequence numbers (found when written)
         self.settled: list[int] = []
         self.new_endpoints: list[Endpoint] = []
@@ -93,14 +91,12 @@ class Changes:
         self._queued_n = 0
 
     def touch(self, ep: Endpoint) -> Endpoint:
-        """Snapshot `ep` before it changes (once per unit of work), so a failure restores it."""
+        """Snapshot `ep`'s fields before it changes (once per unit of work), so a failure
+        restores them and a commit tells what changed (`actors.model.dialogs.settings_of`)."""
         no = ep.no
         if no not in self.touched and no not in self.new_nos:
-            # copy.copy without its generic protocol: the copy of an instance's dict shares its
-            # keys and copies only the values (filling an empty dict costs twice as much)
-            snap = _blank(Endpoint)
-            snap.__dict__ = ep.__dict__.copy()
-            self.touched[no] = snap
+            # the copy of an instance's dict shares its keys and copies only the values
+            self.touched[no] = ep.__dict__.copy()
         return ep
 
     def take_back(self, endpoint_no: int) -> None:

@@ -21,7 +21,7 @@ from actors.calls.ordering import CallKey, RequestId
 from actors.core.changes import Changes
 from actors.core.state import BrokerState
 from actors.errors import InvalidArgument
-from actors.model.dialogs import endpoint_settings
+from actors.model.dialogs import due_of, endpoint_settings, settings_of
 from actors.packing import packb
 from actors.store import audit
 from actors.store.database import Store
@@ -247,7 +247,7 @@ class UnitOfWork:
     def _undo(self, w: Changes) -> None:
         st = self.state
         for no, snap in w.touched.items():
-            st.endpoints[no].__dict__.update(snap.__dict__)
+            st.endpoints[no].__dict__.update(snap)
         for ep in w.new_endpoints:
             st.drop_endpoint(ep)
         for g in w.new_groups:
@@ -314,9 +314,7 @@ class UnitOfWork:
         # of those, the ones whose row changed beyond their sequence numbers (few: a send
         # changes only those)
         settled = w.settled = [
-            no
-            for no, ep in changed.items()
-            if endpoint_settings(ep) != endpoint_settings(w.touched[no])
+            no for no, ep in changed.items() if endpoint_settings(ep) != settings_of(w.touched[no])
         ]
         if self._group is not None:  # written once, when the group ends
             self._group.touched.update(changed)
@@ -370,7 +368,7 @@ class UnitOfWork:
             st.schedule(ep)
         for no in w.settled:  # only these can have new due times (a send changes none)
             ep = st.endpoints.get(no)
-            if ep is not None and ep.due_times() != w.touched[no].due_times():
+            if ep is not None and ep.due_times() != due_of(w.touched[no]):
                 st.schedule(ep)
         st.counts.sent += w.sent
         st.counts.passed_through += w.passed
