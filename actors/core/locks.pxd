@@ -7,3 +7,10 @@ cdef class QueueIndex:
 
 cdef class LockTable:
     cdef public object default_lease_s, _prefix, _seq, by_id, by_group
+
+cdef class Turn:
+    cdef public object counted
+
+cdef class Lock:
+    cdef public object lock_id, group, queue, owner, expires_at, ready_key, first_id, last_id
+    cdef public object count, received_at, turn, audit, settled, to_end

@@ -88,9 +88,9 @@ class Turn:
 
 
 class Lock:
-    """A conversation group held by one receiver until commit or rollback. (A plain slotted
-    class: one is made per group received, and a dataclass's field factories cost twice as
-    much.)"""
+    """A conversation group held by one receiver until commit or rollback. (A slotted class,
+    an extension type where compiled (locks.pxd): one is made per group received, and a
+    dataclass's field factories cost twice as much.)"""
 
     __slots__ = (
         "lock_id", "group", "queue", "owner", "expires_at", "ready_key", "first_id", "last_id",
