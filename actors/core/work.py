@@ -349,18 +349,19 @@ class UnitOfWork:
         """After commit: bring the in-memory indexes up to date and wake receivers."""
         st = self.state
         woken: set[str] = set()
-        for r in w.removals:
-            st.queue_index(r.queue).remove(r.group, r.count)
-            if r.oldest:  # a commit took the group's oldest messages
-                st.cache.consumed(r.group, r.count)
-        for a in w.arrivals:
-            idx = st.queue_index(a.queue)
-            if a.at >= 0:
-                st.cache.arrived(a.group, w.messages[a.at], a.nbytes, not idx.pending.get(a.group))
+        # unpacked: a named tuple's field read by name is a descriptor call each
+        for queue, group, count, oldest in w.removals:
+            st.queue_index(queue).remove(group, count)
+            if oldest:  # a commit took the group's oldest messages
+                st.cache.consumed(group, count)
+        for queue, group, first_id, count, at, nbytes in w.arrivals:
+            idx = st.queue_index(queue)
+            if at >= 0:
+                st.cache.arrived(group, w.messages[at], nbytes, not idx.pending.get(group))
             else:
-                st.cache.drop(a.group)
-            idx.add(a.group, a.first_id, a.count, locked=st.locks.is_locked(a.group))
-            woken.add(a.queue)
+                st.cache.drop(group)
+            idx.add(group, first_id, count, locked=st.locks.is_locked(group))
+            woken.add(queue)
         for ep in w.dead_endpoints:
             st.drop_endpoint(ep)
             st.parked.discard(ep.no)
