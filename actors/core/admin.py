@@ -14,7 +14,7 @@ from actors.core.work import Part, UnitOfWork
 from actors.errors import InUse, InvalidArgument
 from actors.model.catalog import Definition, Queue, Service, check_name, kind_of, to_record
 from actors.model.credentials import Certificate, Grant, RemoteServiceBinding, shown_record
-from actors.model.dialogs import State
+from actors.model.dialogs import CLOSED
 from actors.model.routing import Route, RouteTable
 
 CREDENTIALS = (Certificate, RemoteServiceBinding, Grant)
@@ -87,7 +87,7 @@ class Admin(Part):
                 users = sum(
                     1
                     for ep, _ in st.every_endpoint()
-                    if ep.service == name and ep.state is not State.CLOSED
+                    if ep.service == name and ep.state is not CLOSED
                 )
                 if users:
                     raise InUse(

@@ -25,7 +25,13 @@ from actors.errors import (
 from actors.ids import new_uuid
 from actors.model import checks
 from actors.model.catalog import SYSTEM_TYPES, check_name
-from actors.model.dialogs import Endpoint, State, check_send, plan_end
+from actors.model.dialogs import (
+    CLOSED,
+    DISCONNECTED_OUTBOUND,
+    Endpoint,
+    check_send,
+    plan_end,
+)
 from actors.model.routing import balance
 
 
@@ -349,7 +355,7 @@ class Conversations(Part):
             self.store.delete_endpoint_transmission(ep.no)
             w.transmission = [r for r in w.transmission if r[0] != ep.no]
             w.touch(ep)
-            ep.state = State.CLOSED
+            ep.state = CLOSED
             w.dead_endpoints.append(ep)
             return
         far = st.far(ep)
@@ -359,21 +365,17 @@ class Conversations(Part):
             ep.user_sent = ep.send_seq  # the notice takes the next sequence number
             delivery.transmit(w, ep, plan.notify, [plan.body])
         ep.state = plan.new_state
-        if (
-            ep.state is State.DISCONNECTED_OUTBOUND
-            and far is not None
-            and far.state is State.CLOSED
-        ):
+        if ep.state is DISCONNECTED_OUTBOUND and far is not None and far.state is CLOSED:
             delivery.close(w, ep)  # the far side closed on our EndDialog (an Echo target does)
-        if ep.state is State.CLOSED:
+        if ep.state is CLOSED:
             delivery.close(w, ep)
-            if far is not None and far.state is State.DISCONNECTED_OUTBOUND:
+            if far is not None and far.state is DISCONNECTED_OUTBOUND:
                 delivery.close(w, far)  # both sides have ended
 
     def timer(self, w: Changes, op: Timer) -> None:
         ep = self._endpoint(op.handle)
         timeout = checks.seconds("timer timeout", op.timeout, zero=True)
-        if ep.state is State.CLOSED:
+        if ep.state is CLOSED:
             raise ConversationNotFound(op.handle)
         w.touch(ep)
         ep.timer_at = w.now + timeout if timeout > 0 else None

@@ -25,10 +25,11 @@ from actors.model.catalog import (
     Service,
 )
 from actors.model.dialogs import (
+    CLOSED,
     CONTRACT_NOT_ACCEPTED,
     CONVERSATION_CLEANED_UP,
+    CONVERSING,
     Endpoint,
-    State,
     after_send,
     error_body,
     on_arrival,
@@ -140,7 +141,7 @@ class Delivery(Part):
             far_service=far_service,
             contract=contract,
             group_no=st.new_group(w, svc.queue),
-            state=State.CONVERSING,
+            state=CONVERSING,
             expires_at=expires_at,
             far_broker=far_broker,
         )
@@ -240,16 +241,16 @@ class Delivery(Part):
         if first_seq < far.recv_seq:
             return  # a resend of what already arrived: dropped (delivered once)
         far.recv_seq = first_seq + len(bodies)
-        if far.state is State.CLOSED:
+        if far.state is CLOSED:
             return
         echo_target = _echo_target(far)
         if echo_target and mt == ECHO:
             self.transmit(w, far, ECHO, bodies)
             return
         on_arrival(far, mt)
-        if far.state is State.CLOSED:
+        if far.state is CLOSED:
             self.close(w, far)  # both sides have now ended: schedule its purge
-        if echo_target and far.state is not State.CONVERSING:
+        if echo_target and far.state is not CONVERSING:
             # The broker answers Echo dialogs itself, so it also ends them itself.
             self.close(w, far)
             return
@@ -292,7 +293,7 @@ class Delivery(Part):
         before it), and the queue is enabled and keeps nothing."""
         st = self.state
         g = ep.group_no
-        if mt in SYSTEM_TYPES or ep.state is not State.CONVERSING or st.locks.is_locked(g):
+        if mt in SYSTEM_TYPES or ep.state is not CONVERSING or st.locks.is_locked(g):
             return None
         queue = st.catalog.queue(st.groups[g].queue)
         if (
@@ -366,17 +367,17 @@ class Delivery(Part):
     def post_error(self, w: Changes, ep: Endpoint, code: int, description: str) -> None:
         """Put an Error on this endpoint's queue, as if its far side sent it. A closed endpoint
         has nobody to read it: nothing happens."""
-        if ep.state is State.CLOSED:
+        if ep.state is CLOSED:
             return
         w.touch(ep)
         on_arrival(ep, ERROR)
-        if ep.state is State.CLOSED:
+        if ep.state is CLOSED:
             self.close(w, ep)
         self.enqueue(w, ep, ERROR, [error_body(code, description)], -1)
 
     def close(self, w: Changes, ep: Endpoint) -> None:
         w.touch(ep)
-        ep.state = State.CLOSED
+        ep.state = CLOSED
         ep.closed_at = w.now
         ep.timer_at = None
 

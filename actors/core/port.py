@@ -11,7 +11,7 @@ from actors.core.delivery import Delivery
 from actors.core.work import Part, UnitOfWork
 from actors.counters import Counts
 from actors.model.catalog import Catalog
-from actors.model.dialogs import Endpoint, State
+from actors.model.dialogs import DISCONNECTED_OUTBOUND, Endpoint
 from actors.model.hops import Hop, next_hops
 from actors.model.limits import Limits
 from actors.model.routing import Match
@@ -126,7 +126,7 @@ class CorePort(Part):
         for no in self.delivery.refresh_parked(w, ep_nos):
             ep = self.state.endpoints[no]
             # an EndDialog the far side has acknowledged closes this side (it already ended)
-            if ep.state is State.DISCONNECTED_OUTBOUND:
+            if ep.state is DISCONNECTED_OUTBOUND:
                 self.delivery.close(w, ep)
 
     def record_event(self, w: Changes, kind: str, subject: str, detail: str) -> None:

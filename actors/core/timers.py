@@ -9,9 +9,15 @@ from actors.core.receiving import Receiving
 from actors.core.state import Due
 from actors.core.work import Part, UnitOfWork
 from actors.model.catalog import DIALOG_TIMER
-from actors.model.dialogs import LIFETIME_EXPIRED, State
+from actors.model.dialogs import (
+    CLOSED,
+    CONVERSING,
+    DISCONNECTED_INBOUND,
+    LIFETIME_EXPIRED,
+    STARTED_OUTBOUND,
+)
 
-LIVE = (State.STARTED_OUTBOUND, State.CONVERSING, State.DISCONNECTED_INBOUND)
+LIVE = (STARTED_OUTBOUND, CONVERSING, DISCONNECTED_INBOUND)
 
 
 class Timers(Part):
@@ -58,7 +64,7 @@ class Timers(Part):
         st, delivery = self.state, self.delivery
         for d in due:
             ep = st.endpoints[d.endpoint_no]
-            if d.kind == "timer" and ep.state is not State.CLOSED:
+            if d.kind == "timer" and ep.state is not CLOSED:
                 w.touch(ep)
                 ep.timer_at = None
                 delivery.enqueue_own(w, ep, DIALOG_TIMER, b"")

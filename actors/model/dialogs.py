@@ -32,7 +32,17 @@ class State(StrEnum):
     CLOSED = "CLOSED"
 
 
-SENDABLE = frozenset({State.STARTED_OUTBOUND, State.CONVERSING})
+# Each state as a module constant: a member read through its class (`State.CLOSED`) goes
+# through the enum metaclass's __getattr__ hook, about four times a global's cost, and the hot
+# path reads them for every message.
+STARTED_OUTBOUND = State.STARTED_OUTBOUND
+CONVERSING = State.CONVERSING
+DISCONNECTED_INBOUND = State.DISCONNECTED_INBOUND
+DISCONNECTED_OUTBOUND = State.DISCONNECTED_OUTBOUND
+IN_ERROR = State.ERROR
+CLOSED = State.CLOSED
+
+SENDABLE = frozenset({STARTED_OUTBOUND, CONVERSING})
 
 # What the store keeps of an endpoint that changes after BEGIN, but its sequence numbers (see
 # `Store.update_endpoints`), as a tuple made in C from the endpoint's fields (its instance dict,
@@ -73,7 +83,7 @@ class Endpoint:
     far_service: str
     contract: str
     group_no: int
-    state: State = State.STARTED_OUTBOUND
+    state: State = STARTED_OUTBOUND
     send_seq: int = 0  # the sequence number of the next message this side sends
     recv_seq: int = 0  # the sequence number expected next from the far side
     expires_at: float | None = None  # dialog lifetime
@@ -148,31 +158,27 @@ def check_send(ep: Endpoint, contract: Contract, message_type: str) -> None:
 
 def _ended_why(ep: Endpoint) -> str:
     why = {
-        State.DISCONNECTED_INBOUND: "the far side ended it; call end_conversation on this handle",
-        State.DISCONNECTED_OUTBOUND: "this side ended it",
-        State.ERROR: "it is in error; call end_conversation on this handle",
-        State.CLOSED: "it is closed",
+        DISCONNECTED_INBOUND: "the far side ended it; call end_conversation on this handle",
+        DISCONNECTED_OUTBOUND: "this side ended it",
+        IN_ERROR: "it is in error; call end_conversation on this handle",
+        CLOSED: "it is closed",
     }[ep.state]
     return f"conversation {ep.handle} cannot send: {why}"
 
 
 def after_send(ep: Endpoint) -> None:
-    if ep.state is State.STARTED_OUTBOUND:
-        ep.state = State.CONVERSING
+    if ep.state is STARTED_OUTBOUND:
+        ep.state = CONVERSING
 
 
 def on_arrival(ep: Endpoint, message_type: str) -> None:
     """State change when a message reaches this endpoint from the far side."""
     if message_type == END_DIALOG:
-        ep.state = (
-            State.CLOSED
-            if ep.state is State.DISCONNECTED_OUTBOUND
-            else (State.DISCONNECTED_INBOUND)
-        )
+        ep.state = CLOSED if ep.state is DISCONNECTED_OUTBOUND else DISCONNECTED_INBOUND
     elif message_type == ERROR:
-        ep.state = State.CLOSED if ep.state is State.DISCONNECTED_OUTBOUND else State.ERROR
-    elif ep.state is State.STARTED_OUTBOUND:
-        ep.state = State.CONVERSING
+        ep.state = CLOSED if ep.state is DISCONNECTED_OUTBOUND else IN_ERROR
+    elif ep.state is STARTED_OUTBOUND:
+        ep.state = CONVERSING
 
 
 @dataclass(frozen=True)
@@ -189,17 +195,17 @@ def plan_end(
     ep: Endpoint, error: int | None = None, description: str = "", far_exists: bool = True
 ) -> EndPlan:
     """END CONVERSATION [WITH ERROR]. Raises if the endpoint is already ended on this side."""
-    if ep.state in (State.DISCONNECTED_OUTBOUND, State.CLOSED):
+    if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
         raise ConversationEnded(f"conversation {ep.handle} was already ended on this side")
     check_error(error, description)
-    far_gone = ep.state in (State.DISCONNECTED_INBOUND, State.ERROR) or not far_exists
+    far_gone = ep.state in (DISCONNECTED_INBOUND, IN_ERROR) or not far_exists
     if far_gone:
         # The far side has ended (or never existed): nobody to tell, the endpoint closes.
-        return EndPlan(None, b"", State.CLOSED)
+        return EndPlan(None, b"", CLOSED)
     if error is not None:
         # WITH ERROR closes this side at once; the far side gets the Error.
-        return EndPlan(ERROR, error_body(error, description), State.CLOSED)
-    return EndPlan(END_DIALOG, b"", State.DISCONNECTED_OUTBOUND)
+        return EndPlan(ERROR, error_body(error, description), CLOSED)
+    return EndPlan(END_DIALOG, b"", DISCONNECTED_OUTBOUND)
 
 
 def check_error(error: object, description: object) -> None:

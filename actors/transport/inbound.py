@@ -11,7 +11,7 @@ from typing import Any
 
 from actors.errors import BrokerError, SecurityError
 from actors.model.catalog import DIALOG_TIMER, END_DIALOG, ERROR, SYSTEM_TYPES, may_send
-from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, Endpoint, State, parse_error_body
+from actors.model.dialogs import CONTRACT_NOT_ACCEPTED, IN_ERROR, Endpoint, parse_error_body
 from actors.model.hops import Hop
 from actors.packing import made
 from actors.transport.port import BrokerPort, Work
@@ -260,7 +260,7 @@ class Receiver:
                 if good:
                     port.deliver(w, ep, types[i], bodies[i : i + good], seqs[i], sent[i])
                     acks.append(self._ack(bd, seqs[i], seqs[i + good - 1]))
-                if ep.state is not State.ERROR:  # a resend of a refused message: told once
+                if ep.state is not IN_ERROR:  # a resend of a refused message: told once
                     port.post_error(w, ep, MESSAGE_REFUSED, why)
                 acks.append(self._nack(bd, seqs[i + good :], MESSAGE_REFUSED, why))
                 return acks
